@@ -1,0 +1,114 @@
+//! The `dagfold` command.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use dagfold::core::Config;
+
+#[derive(Parser)]
+#[command(name = "dagfold", version, about = "A server node for replicated, end-to-end encrypted group state (see SPEC.md).")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the node identity as JSON, creating it on first use.
+    Identity {
+        /// The node's data directory (RocksDB).
+        #[arg(long, default_value = "./dagfold-data")]
+        data_dir: PathBuf,
+    },
+    /// Apply frames (u32 LE length, then borsh(Message)) from FILE, or "-"
+    /// for stdin, through the engine; print a JSON summary of the verdicts.
+    Import {
+        #[arg(long, default_value = "./dagfold-data")]
+        data_dir: PathBuf,
+        /// The frames file, or "-" for standard input.
+        file: String,
+        /// Frames per atomic commit (and per signature batch).
+        #[arg(long, default_value_t = dagfold::cli::IMPORT_BATCH_FRAMES)]
+        batch_frames: usize,
+    },
+    /// Run a node: QUIC on --listen, HTTP status and metrics on --admin,
+    /// state in --data-dir. Stops cleanly on SIGINT/SIGTERM.
+    Node(dagfold::node::config::NodeArgs),
+    /// Print the events of a scope as JSON lines, from sequence number
+    /// --from (1 is the first); resumes by itself after a disconnect, a
+    /// node restart or a lag notice, without loss or repetition.
+    Subscribe {
+        /// The node's QUIC address.
+        #[arg(long, default_value = "127.0.0.1:7400")]
+        node: std::net::SocketAddr,
+        /// The scope id, 64 hex characters.
+        #[arg(long)]
+        scope: String,
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Exit after this many events.
+        #[arg(long)]
+        max_events: Option<u64>,
+        /// Exit when no event arrived for this long (ms).
+        #[arg(long)]
+        idle_exit_ms: Option<u64>,
+    },
+    /// Print the status object of one scope (SPEC §11), or of every scope
+    /// with an applied genesis as a JSON array.
+    Inspect {
+        #[arg(long, default_value = "./dagfold-data")]
+        data_dir: PathBuf,
+        /// The scope id, 64 hex characters.
+        #[arg(long)]
+        scope: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Identity { data_dir } => {
+            dagfold::cli::open(&data_dir, Config::default()).map(|n| dagfold::cli::identity_json(&n.engine))
+        }
+        Command::Import { data_dir, file, batch_frames } => {
+            dagfold::cli::import(&data_dir, &file, batch_frames.max(1), Config::default())
+        }
+        Command::Node(args) => {
+            let cfg = match args.resolve() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("dagfold: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            return match dagfold::node::run(cfg) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("dagfold: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Subscribe { node, scope, from, max_events, idle_exit_ms } => {
+            return match dagfold::node::subscribe::run(node, &scope, from, max_events, idle_exit_ms) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("dagfold: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        Command::Inspect { data_dir, scope } => dagfold::cli::inspect(&data_dir, scope.as_deref(), Config::default()),
+    };
+    match result {
+        Ok(v) => {
+            println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("dagfold: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1371 @@
+//! The receive-and-apply state machine of SPEC §6, sans-IO.
+//!
+//! Inputs are `handle_*` calls carrying bytes or verified ops and `now_ms`;
+//! outputs are pulled with `take_commit` (the store writes of everything the
+//! handled messages changed, cascades included, plus the events they produced,
+//! to be dispatched only once those writes are durable). No threads, sockets,
+//! clocks or storage live here: the same code runs in tests, the simulation,
+//! the benchmarks and the node.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use borsh::{BorshDeserialize, BorshSerialize};
+
+use super::governance::{GovNode, GovState, Governance};
+use super::projection::Projection;
+use crate::limits;
+use crate::protocol::codec::{decode_data_payload, decode_gov_payload, decode_message, decode_op, op_body};
+use crate::protocol::crypto::{delta_id_of_body, open_key_delivery, open_payload, x25519_public};
+use crate::protocol::*;
+
+/// Why an op was dropped for good (SPEC §6). `malformed` and `bad_signature`
+/// are not here: they are not remembered by id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    RejectedDependency,
+    WrongPlane,
+    Clock,
+    Unauthorized,
+    StaleKey,
+    StaleCut,
+    Undecryptable,
+    BadPayload,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 8] = [
+        Reason::RejectedDependency,
+        Reason::WrongPlane,
+        Reason::Clock,
+        Reason::Unauthorized,
+        Reason::StaleKey,
+        Reason::StaleCut,
+        Reason::Undecryptable,
+        Reason::BadPayload,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::RejectedDependency => "rejected_dependency",
+            Reason::WrongPlane => "wrong_plane",
+            Reason::Clock => "clock",
+            Reason::Unauthorized => "unauthorized",
+            Reason::StaleKey => "stale_key",
+            Reason::StaleCut => "stale_cut",
+            Reason::Undecryptable => "undecryptable",
+            Reason::BadPayload => "bad_payload",
+        }
+    }
+
+    pub fn code(self) -> u8 {
+        Reason::ALL.iter().position(|r| *r == self).expect("listed") as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<Reason> {
+        Reason::ALL.get(code as usize).copied()
+    }
+}
+
+/// Which buffer a not-yet op waits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufKind {
+    /// On a dependency not yet applied (pending-by-parent).
+    Pending,
+    /// A governance op waiting, durably, for its key.
+    KeyWait,
+    /// A data op waiting in memory for its key, until its deadline.
+    DataKeyWait,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct AppliedMeta {
+    scope: u32,
+    plane: u8,
+    hlc: u64,
+    /// Interned cut (SPEC §3) of the op; only read for data ops.
+    cut: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Entry {
+    Applied(AppliedMeta),
+    Buffered,
+    Dropped { reason: Reason, scope: u32 },
+}
+
+struct Buffered {
+    op: Op,
+    bytes: Vec<u8>,
+    scope: u32,
+    kind: BufKind,
+    seq: u64,
+    /// Pending: the ids it is registered under in `waiters`.
+    missing: Vec<Hash>,
+    deadline_ms: u64,
+    since_ms: u64,
+}
+
+/// The column families of the store (one table each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cf {
+    /// delta_id → the op as received (first valid copy).
+    Ops,
+    /// delta_id → seq ‖ op: ops buffered on a missing dependency. The
+    /// by-parent index is derived from them at open.
+    Pending,
+    /// delta_id → seq ‖ op: governance ops waiting for their key.
+    KeyWaits,
+    /// scope ‖ path → entity, key, cell.
+    Projection,
+    /// delta_id → depth ‖ plaintext payload of an applied governance op.
+    Governance,
+    /// delta_id → reason ‖ scope ‖ seq: remembered drop verdicts.
+    Dropped,
+    /// key_id → group key.
+    Keys,
+    /// Node identity and per-scope records (heads, counters).
+    Meta,
+    /// scope ‖ seq (big-endian) → op ‖ kind ‖ data: the event log.
+    Events,
+}
+
+impl Cf {
+    pub const ALL: [Cf; 9] =
+        [Cf::Ops, Cf::Pending, Cf::KeyWaits, Cf::Projection, Cf::Governance, Cf::Dropped, Cf::Keys, Cf::Meta, Cf::Events];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cf::Ops => "ops",
+            Cf::Pending => "pending",
+            Cf::KeyWaits => "key_waits",
+            Cf::Projection => "projection",
+            Cf::Governance => "governance",
+            Cf::Dropped => "dropped",
+            Cf::Keys => "keys",
+            Cf::Meta => "meta",
+            Cf::Events => "events",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    Put(Cf, Vec<u8>, Vec<u8>),
+    Delete(Cf, Vec<u8>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventOut {
+    pub scope: Hash,
+    /// Per-scope sequence number, from 1, in apply order.
+    pub seq: u64,
+    pub op: Hash,
+    pub kind: String,
+    pub data: Vec<u8>,
+}
+
+/// Everything handled since the last `take_commit`: to be written in one
+/// atomic batch; the events go out only once it is durable.
+#[derive(Default, Debug)]
+pub struct Commit {
+    pub writes: Vec<Write>,
+    pub events: Vec<EventOut>,
+    /// Ops applied, in apply order, with their scope (for gossip).
+    pub applied: Vec<(Hash, Hash)>,
+    /// Governance ops applied, for the pipeline's replicas of the index.
+    pub gov_applied: Vec<(Hash, GovNode)>,
+    /// Group keys accepted.
+    pub keys_added: Vec<[u8; 32]>,
+}
+
+impl Commit {
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.events.is_empty()
+    }
+}
+
+/// What became of one received message (its cascade is counted in `Stats`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Malformed,
+    BadSignature,
+    Duplicate,
+    GenesisRefused,
+    Applied,
+    Dropped(Reason),
+    NotYet(BufKind),
+    KeyAccepted,
+    /// A key delivery not for us, that does not open, or already known.
+    KeyIgnored,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub frames: u64,
+    pub malformed: u64,
+    pub bad_signature: u64,
+    pub duplicates: u64,
+    pub genesis_refused: u64,
+    pub applied: u64,
+    pub dropped: [u64; 8],
+    pub buffered_pending: u64,
+    pub buffered_key_wait: u64,
+    pub buffered_data_key_wait: u64,
+    pub evicted: u64,
+    pub key_timeouts: u64,
+    pub keys_accepted: u64,
+    pub keys_ignored: u64,
+    pub divergences: u64,
+    pub events: u64,
+    pub cascade_released: u64,
+}
+
+#[derive(Clone, Debug)]
+pub enum GenesisPolicy {
+    AcceptAll,
+    /// Only geneses authored by these keys (SPEC §2: the node's own policy).
+    Authors(Vec<PublicKey>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_key_wait_ms: u64,
+    pub buffered_ops_per_scope_max: u64,
+    pub buffered_bytes_per_scope_max: u64,
+    pub buffered_ops_total_max: u64,
+    pub buffered_bytes_total_max: u64,
+    pub dropped_remembered_max: u64,
+    pub genesis_policy: GenesisPolicy,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_key_wait_ms: limits::DATA_KEY_WAIT_MS_DEFAULT,
+            buffered_ops_per_scope_max: limits::BUFFERED_OPS_PER_SCOPE_MAX,
+            buffered_bytes_per_scope_max: limits::BUFFERED_BYTES_PER_SCOPE_MAX,
+            buffered_ops_total_max: limits::BUFFERED_OPS_TOTAL_MAX,
+            buffered_bytes_total_max: limits::BUFFERED_BYTES_TOTAL_MAX,
+            dropped_remembered_max: limits::DROPPED_REMEMBERED_MAX,
+            genesis_policy: GenesisPolicy::AcceptAll,
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub seed: [u8; 32],
+    pub kem_secret: [u8; 32],
+    pub public_key: PublicKey,
+    pub kem_public: [u8; 32],
+}
+
+impl Identity {
+    pub fn from_secrets(seed: [u8; 32], kem_secret: [u8; 32]) -> Self {
+        Identity {
+            seed,
+            kem_secret,
+            public_key: crate::protocol::sig::public_key_from_seed(&seed),
+            kem_public: x25519_public(&kem_secret),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        [self.seed, self.kem_secret].concat()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        (bytes.len() == 64).then(|| {
+            Identity::from_secrets(bytes[..32].try_into().unwrap(), bytes[32..].try_into().unwrap())
+        })
+    }
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity").field("public_key", &hex::encode(self.public_key)).finish_non_exhaustive()
+    }
+}
+
+pub struct Scope {
+    pub id: Hash,
+    pub genesis_applied: bool,
+    pub gov_heads: BTreeSet<Hash>,
+    pub data_heads: BTreeSet<Hash>,
+    pub projection: Projection,
+    pub applied: u64,
+    pub pending: u64,
+    pub key_waiting: u64,
+    pub data_key_waiting: u64,
+    pub buffered_bytes: u64,
+    pub divergences: u64,
+    pub event_seq: u64,
+    /// Buffered ops of this scope by age, for eviction oldest first.
+    order: BTreeMap<u64, Hash>,
+    dirty: bool,
+}
+
+impl Scope {
+    fn new(id: Hash) -> Self {
+        Scope {
+            id,
+            genesis_applied: false,
+            gov_heads: BTreeSet::new(),
+            data_heads: BTreeSet::new(),
+            projection: Projection::default(),
+            applied: 0,
+            pending: 0,
+            key_waiting: 0,
+            data_key_waiting: 0,
+            buffered_bytes: 0,
+            divergences: 0,
+            event_seq: 0,
+            order: BTreeMap::new(),
+            dirty: false,
+        }
+    }
+
+    fn buffered_ops(&self) -> u64 {
+        self.pending + self.key_waiting + self.data_key_waiting
+    }
+
+    fn count_mut(&mut self, kind: BufKind) -> &mut u64 {
+        match kind {
+            BufKind::Pending => &mut self.pending,
+            BufKind::KeyWait => &mut self.key_waiting,
+            BufKind::DataKeyWait => &mut self.data_key_waiting,
+        }
+    }
+}
+
+/// The per-scope record in `Cf::Meta` (key `scope/` ‖ id).
+#[derive(BorshSerialize, BorshDeserialize)]
+struct ScopeRecord {
+    genesis_applied: bool,
+    gov_heads: Vec<Hash>,
+    data_heads: Vec<Hash>,
+    applied: u64,
+    divergences: u64,
+    event_seq: u64,
+}
+
+pub const META_IDENTITY: &[u8] = b"identity";
+pub const META_SCOPE_PREFIX: &[u8] = b"scope/";
+
+/// The decrypted, rule-checked payload of an op about to be applied.
+enum Decrypted {
+    Gov(Vec<u8>, GovPayload),
+    Data(DataPayload),
+}
+
+enum Judgement {
+    Apply(Decrypted),
+    Drop(Reason),
+    Pending(Vec<Hash>),
+    KeyWait,
+}
+
+/// A signature-checked op on its way in (`delta_id` recomputed).
+#[derive(Clone, Debug)]
+pub struct VerifiedOp {
+    pub id: Hash,
+    pub op: Op,
+    pub bytes: Vec<u8>,
+    /// Work the pipeline's stages did ahead of the engine.
+    pub pre: Prepared,
+}
+
+/// Authorization at the cut (SPEC §6 step 3, less `stale_cut`): a pure
+/// function of the op and `G(cut)`, so a stage holding a replica of the
+/// governance index computes the same verdict as the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreAuth {
+    Ok,
+    Unauthorized,
+    StaleKey,
+}
+
+pub fn authorize_at(g: &GovState, op: &Op) -> PreAuth {
+    let authorized = match (op.plane, g.role(&op.author)) {
+        (PLANE_GOVERNANCE, Some(Role::Admin)) => true,
+        (PLANE_DATA, Some(Role::Writer | Role::Admin)) => true,
+        _ => false,
+    };
+    if !authorized {
+        PreAuth::Unauthorized
+    } else if g.current_key() != Some(&op.key_id) {
+        PreAuth::StaleKey
+    } else {
+        PreAuth::Ok
+    }
+}
+
+/// Results computed ahead by the authorizer and decryptor stages; the
+/// engine uses them on an op's first judgement and computes anything
+/// missing itself.
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    pub auth: Option<PreAuth>,
+    /// The payload opened with the key of `key_id`: `Some(None)` is a tag
+    /// mismatch.
+    pub opened: Option<Option<Vec<u8>>>,
+}
+
+/// Decodes a frame's content; for an op, also returns its encoding and id.
+pub enum Decoded {
+    Op { id: Hash, op: Op, bytes: Vec<u8> },
+    Key(KeyDelivery),
+}
+
+/// Decode step of SPEC §6 step 1 (before the signature check).
+pub fn decode_frame(frame: &[u8]) -> Result<Decoded, DecodeError> {
+    match decode_message(frame)? {
+        Message::Op(op) => {
+            let bytes = frame[1..].to_vec();
+            let id = delta_id_of_body(op_body(&bytes));
+            Ok(Decoded::Op { id, op, bytes })
+        }
+        Message::Key(kd) => Ok(Decoded::Key(kd)),
+    }
+}
+
+pub struct Engine {
+    cfg: Config,
+    identity: Identity,
+    ops: HashMap<Hash, Entry>,
+    buffered: HashMap<Hash, Buffered>,
+    /// Pending-by-parent: a missing id → the ops buffered on it.
+    waiters: HashMap<Hash, Vec<Hash>>,
+    /// key_id → the ops waiting for it.
+    key_waiters: HashMap<Hash, Vec<Hash>>,
+    data_deadlines: BTreeMap<(u64, u64), Hash>,
+    keys: HashMap<Hash, [u8; 32]>,
+    scopes: Vec<Scope>,
+    scope_index: HashMap<Hash, u32>,
+    cuts: Vec<Arc<[Hash]>>,
+    cut_index: HashMap<Arc<[Hash]>, u32>,
+    gov: Governance,
+    dropped_order: VecDeque<(u64, Hash)>,
+    global_order: BTreeMap<u64, Hash>,
+    buffered_bytes_total: u64,
+    seq: u64,
+    work: VecDeque<Hash>,
+    out: Commit,
+    /// Scopes whose status changed since `take_touched_scopes`.
+    touched: Vec<u32>,
+    pub stats: Stats,
+}
+
+fn scope_meta_key(scope: &Hash) -> Vec<u8> {
+    [META_SCOPE_PREFIX, scope.as_slice()].concat()
+}
+
+fn seq_and_bytes(seq: u64, bytes: &[u8]) -> Vec<u8> {
+    [&seq.to_le_bytes()[..], bytes].concat()
+}
+
+impl Engine {
+    pub fn new(cfg: Config, identity: Identity) -> Self {
+        let mut e = Engine {
+            cfg,
+            identity,
+            ops: HashMap::new(),
+            buffered: HashMap::new(),
+            waiters: HashMap::new(),
+            key_waiters: HashMap::new(),
+            data_deadlines: BTreeMap::new(),
+            keys: HashMap::new(),
+            scopes: Vec::new(),
+            scope_index: HashMap::new(),
+            cuts: Vec::new(),
+            cut_index: HashMap::new(),
+            gov: Governance::default(),
+            dropped_order: VecDeque::new(),
+            global_order: BTreeMap::new(),
+            buffered_bytes_total: 0,
+            seq: 1,
+            work: VecDeque::new(),
+            out: Commit::default(),
+            touched: Vec::new(),
+            stats: Stats::default(),
+        };
+        e.intern_cut(&[]);
+        e
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn intern_cut(&mut self, cut: &[Hash]) -> u32 {
+        if let Some(i) = self.cut_index.get(cut) {
+            return *i;
+        }
+        let arc: Arc<[Hash]> = cut.into();
+        let i = self.cuts.len() as u32;
+        self.cuts.push(arc.clone());
+        self.cut_index.insert(arc, i);
+        i
+    }
+
+    fn scope_idx(&mut self, scope: &Hash) -> u32 {
+        if let Some(i) = self.scope_index.get(scope) {
+            return *i;
+        }
+        let i = self.scopes.len() as u32;
+        self.scopes.push(Scope::new(*scope));
+        self.scope_index.insert(*scope, i);
+        i
+    }
+
+    // ----- inputs -------------------------------------------------------
+
+    /// One wire frame's content (SPEC §10), decoded and verified here. The
+    /// pipeline instead verifies in batches and calls `handle_verified`.
+    pub fn handle_frame(&mut self, frame: &[u8], now_ms: u64) -> Outcome {
+        match decode_frame(frame) {
+            Err(_) => {
+                self.stats.frames += 1;
+                self.stats.malformed += 1;
+                Outcome::Malformed
+            }
+            Ok(Decoded::Key(kd)) => {
+                self.stats.frames += 1;
+                self.handle_key(&kd, now_ms)
+            }
+            Ok(Decoded::Op { id, op, bytes }) => {
+                let valid = crate::protocol::sig::verify(&op.author, &id, &op.signature);
+                self.handle_checked(VerifiedOp { id, op, bytes, pre: Prepared::default() }, valid, now_ms)
+            }
+        }
+    }
+
+    /// Counts a frame that failed to decode upstream (the pipeline decodes
+    /// in the transport).
+    pub fn note_malformed(&mut self) -> Outcome {
+        self.stats.frames += 1;
+        self.stats.malformed += 1;
+        Outcome::Malformed
+    }
+
+    /// An op whose signature was checked upstream (`signature_valid`).
+    pub fn handle_checked(&mut self, v: VerifiedOp, signature_valid: bool, now_ms: u64) -> Outcome {
+        self.stats.frames += 1;
+        if !signature_valid {
+            self.stats.bad_signature += 1;
+            return Outcome::BadSignature;
+        }
+        self.handle_verified(v, now_ms)
+    }
+
+    fn handle_verified(&mut self, v: VerifiedOp, now_ms: u64) -> Outcome {
+        if self.ops.contains_key(&v.id) {
+            self.stats.duplicates += 1;
+            return Outcome::Duplicate;
+        }
+        if v.op.kind() == OpKind::Genesis {
+            if let GenesisPolicy::Authors(authors) = &self.cfg.genesis_policy {
+                if !authors.contains(&v.op.author) {
+                    self.stats.genesis_refused += 1;
+                    return Outcome::GenesisRefused;
+                }
+            }
+        }
+        let id = v.id;
+        let outcome = self.evaluate(v.op, v.bytes, id, None, Some(&v.pre), now_ms);
+        self.run_cascade(now_ms);
+        outcome
+    }
+
+    /// A key delivery (SPEC §9).
+    pub fn handle_key(&mut self, kd: &KeyDelivery, now_ms: u64) -> Outcome {
+        if kd.recipient != self.identity.public_key || self.keys.contains_key(&kd.key_id) {
+            self.stats.keys_ignored += 1;
+            return Outcome::KeyIgnored;
+        }
+        let Some(key) = open_key_delivery(kd, &self.identity.kem_secret) else {
+            self.stats.keys_ignored += 1;
+            return Outcome::KeyIgnored;
+        };
+        self.add_key(key);
+        self.run_cascade(now_ms);
+        Outcome::KeyAccepted
+    }
+
+    /// Stores a group key and wakes what waits for it (also used by tools
+    /// that hold a key themselves).
+    pub fn add_key(&mut self, key: [u8; 32]) {
+        let key_id = crate::protocol::crypto::key_id_of(&key);
+        if self.keys.insert(key_id, key).is_some() {
+            return;
+        }
+        self.stats.keys_accepted += 1;
+        self.out.keys_added.push(key);
+        self.out.writes.push(Write::Put(Cf::Keys, key_id.to_vec(), key.to_vec()));
+        if let Some(ws) = self.key_waiters.remove(&key_id) {
+            self.work.extend(ws);
+        }
+    }
+
+    pub fn has_key(&self, key_id: &Hash) -> bool {
+        self.keys.contains_key(key_id)
+    }
+
+    /// Drops data ops whose key wait expired (`key_timeout`: not a verdict,
+    /// they are forgotten and judged afresh if delivered again).
+    pub fn handle_tick(&mut self, now_ms: u64) {
+        while let Some((&(deadline, seq), &id)) = self.data_deadlines.iter().next() {
+            if deadline > now_ms {
+                break;
+            }
+            self.data_deadlines.remove(&(deadline, seq));
+            if let Some(b) = self.take_buffered(&id) {
+                self.ops.remove(&id);
+                self.unregister(&id, &b);
+                self.stats.key_timeouts += 1;
+            }
+        }
+    }
+
+    /// The earliest data key-wait deadline, for the caller's timer.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        self.data_deadlines.keys().next().map(|(d, _)| *d)
+    }
+
+    // ----- judging ------------------------------------------------------
+
+    fn applied(&self, id: &Hash) -> Option<AppliedMeta> {
+        match self.ops.get(id) {
+            Some(Entry::Applied(m)) => Some(*m),
+            _ => None,
+        }
+    }
+
+    /// SPEC §6 steps 2–4, in order; the first failing clause decides.
+    fn judge(&mut self, op: &Op, scope: u32, pre: Option<&Prepared>) -> Judgement {
+        if op.kind() == OpKind::Genesis {
+            return match decode_gov_payload(&op.payload) {
+                Ok(p) if genesis_payload_ok(&p) => Judgement::Apply(Decrypted::Gov(op.payload.clone(), p)),
+                _ => Judgement::Drop(Reason::BadPayload),
+            };
+        }
+        // Step 2: dependencies.
+        let mut missing = Vec::new();
+        for d in op.dependencies() {
+            match self.ops.get(d) {
+                Some(Entry::Dropped { .. }) => return Judgement::Drop(Reason::RejectedDependency),
+                Some(Entry::Applied(_)) => {}
+                _ => missing.push(*d),
+            }
+        }
+        if !missing.is_empty() {
+            return Judgement::Pending(missing);
+        }
+        for p in &op.parents {
+            let m = self.applied(p).expect("checked applied");
+            if m.scope != scope || m.plane != op.plane {
+                return Judgement::Drop(Reason::WrongPlane);
+            }
+        }
+        if op.plane == PLANE_DATA {
+            for c in &op.cut {
+                let m = self.applied(c).expect("checked applied");
+                if m.scope != scope || m.plane != PLANE_GOVERNANCE {
+                    return Judgement::Drop(Reason::WrongPlane);
+                }
+            }
+        }
+        for d in op.dependencies() {
+            if op.hlc <= self.applied(d).expect("checked applied").hlc {
+                return Judgement::Drop(Reason::Clock);
+            }
+        }
+        // Step 3: authorize at the cut.
+        let auth = match pre.and_then(|p| p.auth) {
+            Some(a) => a,
+            None => authorize_at(&self.gov.state_at(op.cut_ids()), op),
+        };
+        match auth {
+            PreAuth::Ok => {}
+            PreAuth::Unauthorized => return Judgement::Drop(Reason::Unauthorized),
+            PreAuth::StaleKey => return Judgement::Drop(Reason::StaleKey),
+        }
+        if op.plane == PLANE_DATA {
+            let mut g: Option<Arc<GovState>> = None;
+            for p in &op.parents {
+                let pcut = self.cuts[self.applied(p).expect("checked applied").cut as usize].clone();
+                if *pcut == *op.cut {
+                    continue;
+                }
+                let g = g.get_or_insert_with(|| self.gov.state_at(&op.cut));
+                if !pcut.iter().all(|x| g.ancestors.contains(x)) {
+                    return Judgement::Drop(Reason::StaleCut);
+                }
+            }
+        }
+        // Step 4: decrypt.
+        let opened = match pre.and_then(|p| p.opened.clone()) {
+            Some(opened) => opened,
+            None => {
+                let Some(key) = self.keys.get(&op.key_id) else {
+                    return Judgement::KeyWait;
+                };
+                open_payload(key, &op.nonce, &op.scope, op.plane, &op.payload)
+            }
+        };
+        let Some(plain) = opened else {
+            return Judgement::Drop(Reason::Undecryptable);
+        };
+        if op.plane == PLANE_GOVERNANCE {
+            match decode_gov_payload(&plain) {
+                Ok(p) if governance_payload_ok(&p) => Judgement::Apply(Decrypted::Gov(plain, p)),
+                _ => Judgement::Drop(Reason::BadPayload),
+            }
+        } else {
+            match decode_data_payload(&plain) {
+                Ok(p) => Judgement::Apply(Decrypted::Data(p)),
+                Err(_) => Judgement::Drop(Reason::BadPayload),
+            }
+        }
+    }
+
+    /// Judges an op (new, or woken from a buffer: `prior`) and settles it.
+    fn evaluate(
+        &mut self,
+        op: Op,
+        bytes: Vec<u8>,
+        id: Hash,
+        prior: Option<Buffered>,
+        pre: Option<&Prepared>,
+        now_ms: u64,
+    ) -> Outcome {
+        let scope = self.scope_idx(&op.scope_of(&id));
+        match self.judge(&op, scope, pre) {
+            Judgement::Apply(payload) => {
+                self.forget_prior(&id, prior.as_ref());
+                self.apply(op, bytes, id, scope, payload);
+                Outcome::Applied
+            }
+            Judgement::Drop(reason) => {
+                self.forget_prior(&id, prior.as_ref());
+                self.drop_op(id, scope, reason);
+                Outcome::Dropped(reason)
+            }
+            Judgement::Pending(missing) => {
+                match prior {
+                    Some(mut b) if b.kind == BufKind::Pending => {
+                        // Still waiting: it stays registered under the ids
+                        // still missing (a subset of those it was under).
+                        debug_assert!(missing.iter().all(|m| b.missing.contains(m)));
+                        b.missing = missing;
+                        self.put_buffered(id, b);
+                    }
+                    prior => {
+                        self.forget_prior(&id, prior.as_ref());
+                        for m in &missing {
+                            self.waiters.entry(*m).or_default().push(id);
+                        }
+                        self.buffer(op, bytes, id, scope, BufKind::Pending, missing, now_ms);
+                    }
+                }
+                Outcome::NotYet(BufKind::Pending)
+            }
+            Judgement::KeyWait => {
+                self.forget_prior(&id, prior.as_ref());
+                self.key_waiters.entry(op.key_id).or_default().push(id);
+                let kind = if op.plane == PLANE_GOVERNANCE { BufKind::KeyWait } else { BufKind::DataKeyWait };
+                self.buffer(op, bytes, id, scope, kind, Vec::new(), now_ms);
+                Outcome::NotYet(kind)
+            }
+        }
+    }
+
+    /// Deletes the durable record of a buffered op leaving its buffer.
+    fn forget_prior(&mut self, id: &Hash, prior: Option<&Buffered>) {
+        match prior.map(|b| b.kind) {
+            Some(BufKind::Pending) => self.out.writes.push(Write::Delete(Cf::Pending, id.to_vec())),
+            Some(BufKind::KeyWait) => self.out.writes.push(Write::Delete(Cf::KeyWaits, id.to_vec())),
+            Some(BufKind::DataKeyWait) | None => {}
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn buffer(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, kind: BufKind, missing: Vec<Hash>, now_ms: u64) {
+        let seq = self.next_seq();
+        match kind {
+            BufKind::Pending => self.out.writes.push(Write::Put(Cf::Pending, id.to_vec(), seq_and_bytes(seq, &bytes))),
+            BufKind::KeyWait => self.out.writes.push(Write::Put(Cf::KeyWaits, id.to_vec(), seq_and_bytes(seq, &bytes))),
+            BufKind::DataKeyWait => {}
+        }
+        let deadline_ms = now_ms.saturating_add(self.cfg.data_key_wait_ms);
+        if kind == BufKind::DataKeyWait {
+            self.data_deadlines.insert((deadline_ms, seq), id);
+        }
+        match kind {
+            BufKind::Pending => self.stats.buffered_pending += 1,
+            BufKind::KeyWait => self.stats.buffered_key_wait += 1,
+            BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
+        }
+        self.put_buffered(id, Buffered { op, bytes, scope, kind, seq, missing, deadline_ms, since_ms: now_ms });
+        self.enforce_bounds(scope);
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        let s = self.seq;
+        self.seq += 1;
+        s
+    }
+
+    fn put_buffered(&mut self, id: Hash, b: Buffered) {
+        self.touched.push(b.scope);
+        let s = &mut self.scopes[b.scope as usize];
+        *s.count_mut(b.kind) += 1;
+        s.buffered_bytes += b.bytes.len() as u64;
+        s.order.insert(b.seq, id);
+        self.global_order.insert(b.seq, id);
+        self.buffered_bytes_total += b.bytes.len() as u64;
+        self.ops.insert(id, Entry::Buffered);
+        self.buffered.insert(id, b);
+    }
+
+    /// Removes a buffered op from the buffer indexes (not from `ops`, the
+    /// waiter lists or the store).
+    fn take_buffered(&mut self, id: &Hash) -> Option<Buffered> {
+        let b = self.buffered.remove(id)?;
+        self.touched.push(b.scope);
+        let s = &mut self.scopes[b.scope as usize];
+        *s.count_mut(b.kind) -= 1;
+        s.buffered_bytes -= b.bytes.len() as u64;
+        s.order.remove(&b.seq);
+        self.global_order.remove(&b.seq);
+        self.buffered_bytes_total -= b.bytes.len() as u64;
+        Some(b)
+    }
+
+    /// Removes a buffered op from the lists it is registered in.
+    fn unregister(&mut self, id: &Hash, b: &Buffered) {
+        for m in &b.missing {
+            if let Some(list) = self.waiters.get_mut(m) {
+                list.retain(|x| x != id);
+                if list.is_empty() {
+                    self.waiters.remove(m);
+                }
+            }
+        }
+        if b.kind != BufKind::Pending {
+            if let Some(list) = self.key_waiters.get_mut(&b.op.key_id) {
+                list.retain(|x| x != id);
+                if list.is_empty() {
+                    self.key_waiters.remove(&b.op.key_id);
+                }
+            }
+        }
+        if b.kind == BufKind::DataKeyWait {
+            self.data_deadlines.remove(&(b.deadline_ms, b.seq));
+        }
+    }
+
+    /// SPEC §7: what overflows is evicted oldest first and counted.
+    fn enforce_bounds(&mut self, scope: u32) {
+        loop {
+            let s = &self.scopes[scope as usize];
+            let victim = if s.buffered_ops() > self.cfg.buffered_ops_per_scope_max
+                || s.buffered_bytes > self.cfg.buffered_bytes_per_scope_max
+            {
+                s.order.values().next().copied()
+            } else if self.buffered.len() as u64 > self.cfg.buffered_ops_total_max
+                || self.buffered_bytes_total > self.cfg.buffered_bytes_total_max
+            {
+                self.global_order.values().next().copied()
+            } else {
+                return;
+            };
+            let id = victim.expect("an over-full buffer holds an op");
+            self.evict(&id);
+        }
+    }
+
+    fn evict(&mut self, id: &Hash) {
+        let b = self.take_buffered(id).expect("evicting a buffered op");
+        self.ops.remove(id);
+        self.unregister(id, &b);
+        self.forget_prior(id, Some(&b));
+        self.stats.evicted += 1;
+    }
+
+    fn drop_op(&mut self, id: Hash, scope: u32, reason: Reason) {
+        self.touched.push(scope);
+        self.stats.dropped[reason.code() as usize] += 1;
+        self.ops.insert(id, Entry::Dropped { reason, scope });
+        let seq = self.next_seq();
+        let mut v = vec![reason.code()];
+        v.extend_from_slice(&self.scopes[scope as usize].id);
+        v.extend_from_slice(&seq.to_le_bytes());
+        self.out.writes.push(Write::Put(Cf::Dropped, id.to_vec(), v));
+        self.dropped_order.push_back((seq, id));
+        while self.dropped_order.len() as u64 > self.cfg.dropped_remembered_max {
+            let (_, old) = self.dropped_order.pop_front().expect("non-empty");
+            if matches!(self.ops.get(&old), Some(Entry::Dropped { .. })) {
+                self.ops.remove(&old);
+                self.out.writes.push(Write::Delete(Cf::Dropped, old.to_vec()));
+            }
+        }
+        if let Some(ws) = self.waiters.remove(&id) {
+            self.work.extend(ws);
+        }
+    }
+
+    fn apply(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, payload: Decrypted) {
+        self.stats.applied += 1;
+        self.touched.push(scope);
+        let cut = self.intern_cut(op.cut_ids());
+        self.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
+        self.out.applied.push((id, self.scopes[scope as usize].id));
+        match payload {
+            Decrypted::Gov(plain, p) => {
+                let depth = self.gov.depth_for_parents(&op.parents);
+                let mut rec = depth.to_le_bytes().to_vec();
+                rec.extend_from_slice(&plain);
+                self.out.writes.push(Write::Put(Cf::Governance, id.to_vec(), rec));
+                let node = GovNode { parents: op.parents.clone(), depth, author: op.author, actions: p.actions };
+                self.out.gov_applied.push((id, node.clone()));
+                self.gov.insert(id, node);
+                let s = &mut self.scopes[scope as usize];
+                if op.kind() == OpKind::Genesis {
+                    s.genesis_applied = true;
+                }
+                for p in &op.parents {
+                    s.gov_heads.remove(p);
+                }
+                s.gov_heads.insert(id);
+                s.applied += 1;
+                s.dirty = true;
+            }
+            Decrypted::Data(p) => {
+                let s = &mut self.scopes[scope as usize];
+                s.projection.apply(op.hlc, &op.author, &p.actions);
+                for parent in &op.parents {
+                    s.data_heads.remove(parent);
+                }
+                s.data_heads.insert(id);
+                s.applied += 1;
+                s.dirty = true;
+                // SPEC §8 convergence check.
+                if s.data_heads.len() == 1 {
+                    let root = s.projection.root();
+                    if root != p.root_hash {
+                        s.divergences += 1;
+                        self.stats.divergences += 1;
+                        eprintln!(
+                            "dagfold: divergence in scope {} after op {}: local root {}, author's {}",
+                            hex::encode(s.id),
+                            hex::encode(id),
+                            hex::encode(root),
+                            hex::encode(p.root_hash)
+                        );
+                    }
+                }
+                for ev in p.events {
+                    s.event_seq += 1;
+                    let seq = s.event_seq;
+                    let mut key = s.id.to_vec();
+                    key.extend_from_slice(&seq.to_be_bytes());
+                    let mut val = id.to_vec();
+                    val.extend_from_slice(&encode(&ev));
+                    self.out.writes.push(Write::Put(Cf::Events, key, val));
+                    self.stats.events += 1;
+                    self.out.events.push(EventOut { scope: s.id, seq, op: id, kind: ev.kind, data: ev.data });
+                }
+            }
+        }
+        self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), bytes));
+        if let Some(ws) = self.waiters.remove(&id) {
+            self.work.extend(ws);
+        }
+    }
+
+    /// The cascade (SPEC §6 step 5): an explicit work list, each woken op
+    /// judged once per wake; no recursion, no rescans.
+    fn run_cascade(&mut self, now_ms: u64) {
+        let mut steps: u64 = 0;
+        while let Some(id) = self.work.pop_front() {
+            steps += 1;
+            assert!(steps <= limits::CASCADE_STEPS_MAX, "cascade exceeded its bound");
+            let Some(b) = self.take_buffered(&id) else {
+                continue; // Evicted, expired, or already settled this cascade.
+            };
+            self.stats.cascade_released += 1;
+            if b.kind == BufKind::DataKeyWait {
+                self.data_deadlines.remove(&(b.deadline_ms, b.seq));
+            }
+            let op = b.op.clone();
+            let bytes = b.bytes.clone();
+            self.evaluate(op, bytes, id, Some(b), None, now_ms);
+        }
+    }
+
+    // ----- outputs ------------------------------------------------------
+
+    /// Everything changed since the last call, as one atomic batch.
+    pub fn take_commit(&mut self) -> Commit {
+        for s in self.scopes.iter_mut().filter(|s| s.dirty) {
+            s.dirty = false;
+            let rec = ScopeRecord {
+                genesis_applied: s.genesis_applied,
+                gov_heads: s.gov_heads.iter().copied().collect(),
+                data_heads: s.data_heads.iter().copied().collect(),
+                applied: s.applied,
+                divergences: s.divergences,
+                event_seq: s.event_seq,
+            };
+            self.out.writes.push(Write::Put(Cf::Meta, scope_meta_key(&s.id), encode(&rec)));
+            let scope_id = s.id;
+            for (path, slot) in s.projection.take_changed() {
+                let key = [scope_id.as_slice(), path.as_slice()].concat();
+                let val = encode(&(slot.entity.clone(), slot.key.clone(), slot.cell.clone()));
+                self.out.writes.push(Write::Put(Cf::Projection, key, val));
+            }
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    // ----- queries ------------------------------------------------------
+
+    pub fn scope_ids(&self) -> Vec<Hash> {
+        let mut v: Vec<Hash> = self.scopes.iter().map(|s| s.id).collect();
+        v.sort();
+        v
+    }
+
+    pub fn scope(&self, id: &Hash) -> Option<&Scope> {
+        self.scope_index.get(id).map(|i| &self.scopes[*i as usize])
+    }
+
+    pub fn scope_root(&mut self, id: &Hash) -> Option<Hash> {
+        let i = *self.scope_index.get(id)?;
+        Some(self.scopes[i as usize].projection.root())
+    }
+
+    /// The SPEC §11 status object, `None` (404) while the genesis is not applied.
+    pub fn status(&mut self, id: &Hash) -> Option<ScopeStatus> {
+        let i = *self.scope_index.get(id)?;
+        let s = &mut self.scopes[i as usize];
+        if !s.genesis_applied {
+            return None;
+        }
+        Some(ScopeStatus {
+            scope: s.id,
+            root: s.projection.root(),
+            data_heads: s.data_heads.iter().copied().collect(),
+            governance_heads: s.gov_heads.iter().copied().collect(),
+            applied: s.applied,
+            pending: s.pending,
+            key_waiting: s.key_waiting,
+            data_key_waiting: s.data_key_waiting,
+        })
+    }
+
+    /// Every remembered op of a scope with its state, for tests and `inspect`.
+    pub fn report(&mut self, id: &Hash) -> Option<ScopeReport> {
+        let i = *self.scope_index.get(id)?;
+        let mut r = ScopeReport { scope: *id, ..Default::default() };
+        for (op_id, e) in &self.ops {
+            match e {
+                Entry::Applied(m) if m.scope == i => r.applied.push(*op_id),
+                Entry::Dropped { reason, scope } if *scope == i => {
+                    r.dropped.insert(*op_id, *reason);
+                }
+                Entry::Buffered => {
+                    let b = &self.buffered[op_id];
+                    if b.scope == i {
+                        match b.kind {
+                            BufKind::Pending => r.pending.push(*op_id),
+                            BufKind::KeyWait => r.key_waiting.push(*op_id),
+                            BufKind::DataKeyWait => r.data_key_waiting.push(*op_id),
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for v in [&mut r.applied, &mut r.pending, &mut r.key_waiting, &mut r.data_key_waiting] {
+            v.sort();
+        }
+        let s = &mut self.scopes[i as usize];
+        r.root = s.projection.root();
+        r.data_heads = s.data_heads.iter().copied().collect();
+        r.governance_heads = s.gov_heads.iter().copied().collect();
+        r.divergences = s.divergences;
+        Some(r)
+    }
+
+    /// The state of one op id, for sync and tests.
+    pub fn op_state(&self, id: &Hash) -> OpState {
+        match self.ops.get(id) {
+            None => OpState::Unknown,
+            Some(Entry::Applied(_)) => OpState::Applied,
+            Some(Entry::Dropped { reason, .. }) => OpState::Dropped(*reason),
+            Some(Entry::Buffered) => OpState::Buffered(self.buffered[id].kind),
+        }
+    }
+
+    /// Ids that buffered ops wait for and that are not known at all: what a
+    /// sync should ask peers for. At most `max`.
+    pub fn wanted(&self, max: usize) -> Vec<Hash> {
+        self.waiters.keys().filter(|id| !self.ops.contains_key(*id)).take(max).copied().collect()
+    }
+
+    pub fn buffered_total(&self) -> (u64, u64) {
+        (self.buffered.len() as u64, self.buffered_bytes_total)
+    }
+
+    pub fn applied_total(&self) -> u64 {
+        self.scopes.iter().map(|s| s.applied).sum()
+    }
+
+    /// `G(cut)` when every id of `cut` is an applied governance op.
+    pub fn governance_at(&mut self, cut: &[Hash]) -> Option<Arc<GovState>> {
+        for c in cut {
+            if self.gov.get(c).is_none() {
+                return None;
+            }
+        }
+        let mut cut = cut.to_vec();
+        cut.sort();
+        cut.dedup();
+        Some(self.gov.state_at(&cut))
+    }
+
+    /// Scopes whose status changed since the last call.
+    pub fn take_touched_scopes(&mut self) -> Vec<Hash> {
+        let mut t = std::mem::take(&mut self.touched);
+        t.sort_unstable();
+        t.dedup();
+        t.into_iter().map(|i| self.scopes[i as usize].id).collect()
+    }
+
+    /// Every accepted governance op, for the pipeline's replica.
+    pub fn governance_nodes(&self) -> Vec<(Hash, GovNode)> {
+        self.gov.nodes().map(|(id, n)| (*id, n.clone())).collect()
+    }
+
+    /// Every group key held.
+    pub fn keys(&self) -> Vec<[u8; 32]> {
+        self.keys.values().copied().collect()
+    }
+
+    /// When the oldest buffered op was buffered (ms), for the age metric.
+    pub fn oldest_buffered_since_ms(&self) -> Option<u64> {
+        let id = self.global_order.values().next()?;
+        Some(self.buffered[id].since_ms)
+    }
+
+    /// Per-scope event sequence numbers (the last one handed out).
+    pub fn event_seqs(&self) -> Vec<(Hash, u64)> {
+        self.scopes.iter().map(|s| (s.id, s.event_seq)).collect()
+    }
+
+    pub fn governance_cache_stats(&self) -> (u64, u64) {
+        (self.gov.cache_hits, self.gov.cache_misses)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpState {
+    Unknown,
+    Applied,
+    Dropped(Reason),
+    Buffered(BufKind),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScopeStatus {
+    pub scope: Hash,
+    pub root: Hash,
+    pub data_heads: Vec<Hash>,
+    pub governance_heads: Vec<Hash>,
+    pub applied: u64,
+    pub pending: u64,
+    pub key_waiting: u64,
+    pub data_key_waiting: u64,
+}
+
+impl ScopeStatus {
+    /// The JSON object of SPEC §11.
+    pub fn to_json(&self) -> serde_json::Value {
+        let hexes = |v: &[Hash]| v.iter().map(hex::encode).collect::<Vec<_>>();
+        serde_json::json!({
+            "scope": hex::encode(self.scope),
+            "root": hex::encode(self.root),
+            "data_heads": hexes(&self.data_heads),
+            "governance_heads": hexes(&self.governance_heads),
+            "applied": self.applied,
+            "pending": self.pending,
+            "key_waiting": self.key_waiting,
+            "data_key_waiting": self.data_key_waiting,
+        })
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScopeReport {
+    pub scope: Hash,
+    pub root: Hash,
+    pub data_heads: Vec<Hash>,
+    pub governance_heads: Vec<Hash>,
+    pub applied: Vec<Hash>,
+    pub dropped: BTreeMap<Hash, Reason>,
+    pub key_waiting: Vec<Hash>,
+    pub data_key_waiting: Vec<Hash>,
+    pub pending: Vec<Hash>,
+    pub divergences: u64,
+}
+
+/// SPEC §4: a genesis payload holds exactly one action, `Genesis`, whose
+/// `first_key_id` is not ZERO.
+fn genesis_payload_ok(p: &GovPayload) -> bool {
+    matches!(p.actions.as_slice(), [GovAction::Genesis { first_key_id, .. }] if *first_key_id != ZERO)
+}
+
+/// SPEC §4: at least one action, no `Genesis`, no `RotateKey(ZERO)`.
+fn governance_payload_ok(p: &GovPayload) -> bool {
+    !p.actions.is_empty()
+        && p.actions.iter().all(|a| match a {
+            GovAction::Genesis { .. } => false,
+            GovAction::RotateKey { key_id } => *key_id != ZERO,
+            _ => true,
+        })
+}
+
+// ----- restoring from the store ------------------------------------------
+
+/// Read access to the tables, for `Engine::restore`.
+pub trait TableScan {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8]));
+}
+
+impl Engine {
+    /// Rebuilds the in-memory indexes from the tables written by earlier
+    /// commits: nothing is re-folded (cells are read back, the tree is
+    /// rebuilt from them). Buffered ops whose wait is already over (which a
+    /// consistent store never has) are re-judged; call `take_commit` after.
+    pub fn restore(cfg: Config, identity: Identity, t: &dyn TableScan, now_ms: u64) -> Engine {
+        let mut e = Engine::new(cfg, identity);
+        t.scan(Cf::Keys, &mut |k, v| {
+            let key_id: Hash = k.try_into().expect("key id is 32 bytes");
+            let key: [u8; 32] = v.try_into().expect("a group key is 32 bytes");
+            assert_eq!(crate::protocol::crypto::key_id_of(&key), key_id, "stored key matches its id");
+            e.keys.insert(key_id, key);
+        });
+        t.scan(Cf::Meta, &mut |k, v| {
+            if let Some(scope) = k.strip_prefix(META_SCOPE_PREFIX) {
+                let scope: Hash = scope.try_into().expect("scope id is 32 bytes");
+                let rec = ScopeRecord::try_from_slice(v).expect("scope record decodes");
+                let i = e.scope_idx(&scope);
+                let s = &mut e.scopes[i as usize];
+                s.genesis_applied = rec.genesis_applied;
+                s.gov_heads = rec.gov_heads.into_iter().collect();
+                s.data_heads = rec.data_heads.into_iter().collect();
+                s.applied = rec.applied;
+                s.divergences = rec.divergences;
+                s.event_seq = rec.event_seq;
+            }
+        });
+        let mut gov_records: HashMap<Hash, Vec<u8>> = HashMap::new();
+        t.scan(Cf::Governance, &mut |k, v| {
+            gov_records.insert(k.try_into().expect("op id is 32 bytes"), v.to_vec());
+        });
+        let mut per_scope_applied: HashMap<u32, u64> = HashMap::new();
+        t.scan(Cf::Ops, &mut |k, v| {
+            let id: Hash = k.try_into().expect("op id is 32 bytes");
+            let op = decode_op(v).expect("a stored op decodes");
+            assert_eq!(delta_id_of_body(op_body(v)), id, "a stored op sits under its id");
+            let scope = e.scope_idx(&op.scope_of(&id));
+            let cut = e.intern_cut(op.cut_ids());
+            e.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
+            *per_scope_applied.entry(scope).or_default() += 1;
+            if op.plane == PLANE_GOVERNANCE {
+                let rec = gov_records.remove(&id).expect("an applied governance op has its record");
+                let depth = u32::from_le_bytes(rec[..4].try_into().unwrap());
+                let p = decode_gov_payload(&rec[4..]).expect("stored governance payload decodes");
+                e.gov.insert(id, GovNode { parents: op.parents, depth, author: op.author, actions: p.actions });
+            }
+        });
+        assert!(gov_records.is_empty(), "every governance record has its op");
+        for (scope, n) in per_scope_applied {
+            assert_eq!(e.scopes[scope as usize].applied, n, "scope record counts its applied ops");
+        }
+        t.scan(Cf::Projection, &mut |k, v| {
+            let scope: Hash = k[..32].try_into().expect("scope ‖ path");
+            let path: Hash = k[32..].try_into().expect("scope ‖ path");
+            let (entity, key, cell) = decode_cell_record(v);
+            let i = e.scope_idx(&scope);
+            e.scopes[i as usize].projection.restore(path, entity, key, cell);
+        });
+        let mut dropped: Vec<(u64, Hash, Reason, Hash)> = Vec::new();
+        t.scan(Cf::Dropped, &mut |k, v| {
+            let reason = Reason::from_code(v[0]).expect("stored reason is known");
+            let scope: Hash = v[1..33].try_into().unwrap();
+            let seq = u64::from_le_bytes(v[33..41].try_into().unwrap());
+            dropped.push((seq, k.try_into().unwrap(), reason, scope));
+        });
+        dropped.sort();
+        for (seq, id, reason, scope) in dropped {
+            let scope = e.scope_idx(&scope);
+            e.ops.insert(id, Entry::Dropped { reason, scope });
+            e.dropped_order.push_back((seq, id));
+            e.seq = e.seq.max(seq + 1);
+        }
+        let mut buffered: Vec<(u64, Hash, Vec<u8>, BufKind)> = Vec::new();
+        for (cf, kind) in [(Cf::Pending, BufKind::Pending), (Cf::KeyWaits, BufKind::KeyWait)] {
+            t.scan(cf, &mut |k, v| {
+                let seq = u64::from_le_bytes(v[..8].try_into().unwrap());
+                buffered.push((seq, k.try_into().unwrap(), v[8..].to_vec(), kind));
+            });
+        }
+        buffered.sort_by_key(|b| b.0);
+        for (seq, id, bytes, kind) in buffered {
+            let op = decode_op(&bytes).expect("a buffered op decodes");
+            let scope = e.scope_idx(&op.scope_of(&id));
+            e.seq = e.seq.max(seq + 1);
+            let mut missing = Vec::new();
+            if kind == BufKind::Pending {
+                missing = op.dependencies().filter(|d| e.applied(d).is_none()).copied().collect();
+                for m in &missing {
+                    e.waiters.entry(*m).or_default().push(id);
+                }
+                if missing.is_empty() {
+                    e.work.push_back(id);
+                }
+            } else {
+                e.key_waiters.entry(op.key_id).or_default().push(id);
+                if e.keys.contains_key(&op.key_id) {
+                    e.work.push_back(id);
+                }
+            }
+            e.put_buffered(id, Buffered { op, bytes, scope, kind, seq, missing, deadline_ms: 0, since_ms: now_ms });
+        }
+        // Ops whose dependency is a remembered drop go on to be dropped.
+        let doomed: Vec<Hash> = e.waiters.keys().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
+        for d in doomed {
+            if let Some(ws) = e.waiters.remove(&d) {
+                e.work.extend(ws);
+            }
+        }
+        e.run_cascade(now_ms);
+        e
+    }
+}
+
+fn decode_cell_record(v: &[u8]) -> (String, Vec<u8>, Cell) {
+    let mut r = crate::protocol::codec::Reader::new(v);
+    let entity = r.string(u32::MAX).expect("stored entity");
+    let key = r.bytes(u32::MAX).expect("stored key");
+    let cell = crate::protocol::codec::decode_cell(&v[r.position()..]).expect("stored cell");
+    (entity, key, cell)
+}

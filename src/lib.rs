@@ -1,0 +1,14 @@
+//! dagfold: a server node for replicated, end-to-end encrypted group state.
+//!
+//! See `docs/ARCHITECTURE.md` for the bird's-eye view and the code map.
+
+pub mod admin;
+pub mod cli;
+pub mod core;
+pub mod durable;
+pub mod limits;
+pub mod net;
+pub mod node;
+pub mod pipeline;
+pub mod protocol;
+pub mod store;

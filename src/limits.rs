@@ -1,0 +1,51 @@
+//! Every bound of the node, in one place, each with the reason for its value
+//! (STYLE.md: "put a limit on everything").
+//!
+//! Protocol limits (SPEC §7) are normative; the others are the
+//! implementation's defaults and are overridable in `core::Config` or the
+//! node's configuration.
+
+/// SPEC §7: at most 32 `parents` and 32 `cut` ids per op.
+pub const OP_PARENTS_MAX: u32 = 32;
+/// SPEC §7: at most 32 `cut` ids per op.
+pub const OP_CUT_MAX: u32 = 32;
+/// SPEC §7: a payload is at most 256 KiB.
+pub const OP_PAYLOAD_BYTES_MAX: u32 = 262_144;
+/// SPEC §7: one wire frame after its 4-byte length prefix.
+pub const FRAME_BYTES_MAX: u32 = 1_048_576;
+
+/// SPEC §7 asks for at least 10,000 buffered ops per scope; the vectors need
+/// 1,934 at most. 100,000 lets a 100,000-op chain delivered in reverse (the
+/// `reversed` benchmark) buffer entirely before its root arrives.
+pub const BUFFERED_OPS_PER_SCOPE_MAX: u64 = 100_000;
+/// SPEC §7 asks for at least 64 MiB per scope.
+pub const BUFFERED_BYTES_PER_SCOPE_MAX: u64 = 64 << 20;
+/// Across all scopes: four scopes' worth of defaults, so that a flood in many
+/// scopes at once still cannot take more than ~256 MiB of buffered ops.
+pub const BUFFERED_OPS_TOTAL_MAX: u64 = 400_000;
+pub const BUFFERED_BYTES_TOTAL_MAX: u64 = 256 << 20;
+
+/// SPEC §6 step 4: the default in-memory key wait of a data op.
+pub const DATA_KEY_WAIT_MS_DEFAULT: u64 = 3_000;
+
+/// Dropped verdicts remembered (SPEC §6: at least while a buffered op may
+/// still arrive). One entry is ~80 bytes, so this caps the memory of a flood
+/// of authentic-but-unauthorized ops at ~80 MiB; older verdicts are forgotten
+/// oldest first, and a later copy of such an op is judged afresh.
+pub const DROPPED_REMEMBERED_MAX: u64 = 1_000_000;
+
+/// Governance states at a cut kept in the cache. Data ops overwhelmingly use
+/// the current governance heads; a handful of older cuts are in use while
+/// writers catch up with a governance change.
+pub const GOV_CUT_CACHE_MAX: usize = 256;
+
+/// Work items one cascade may process before it asserts: a cascade releases
+/// each buffered op at most once per dependency (≤ 64), so it can never
+/// exceed 64 × the buffered-op bound. Guards against a logic error looping.
+pub const CASCADE_STEPS_MAX: u64 = 64 * BUFFERED_OPS_TOTAL_MAX + 1_000_000;
+
+const _: () = assert!(OP_PAYLOAD_BYTES_MAX < FRAME_BYTES_MAX);
+const _: () = assert!(BUFFERED_OPS_PER_SCOPE_MAX >= 10_000);
+const _: () = assert!(BUFFERED_BYTES_PER_SCOPE_MAX >= 64 << 20);
+const _: () = assert!(BUFFERED_OPS_TOTAL_MAX >= BUFFERED_OPS_PER_SCOPE_MAX);
+const _: () = assert!(BUFFERED_BYTES_TOTAL_MAX >= BUFFERED_BYTES_PER_SCOPE_MAX);

@@ -1,0 +1,134 @@
+//! The dialing side: how a node (or a tool, or a test) reaches a peer and
+//! writes frames to it.
+//!
+//! Every wait here is bounded by the connection: the handshake and a silent
+//! peer by the idle timeout, a peer that does not read by flow control (the
+//! write blocks; wrap it in a timeout if blocking is not acceptable).
+
+use std::net::SocketAddr;
+
+use quinn::{ClosedStream, Connection, ConnectionError, Endpoint, RecvStream, SendStream, StoppedError, VarInt};
+
+use super::frame::{read_frame, write_frame, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
+use super::server::{client_config, NetError, ServerConfig};
+use super::tls::SERVER_NAME;
+
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The endpoint could not start the attempt (no client config, closed
+    /// endpoint, bad address).
+    #[error("connect: {0}")]
+    Start(#[from] quinn::ConnectError),
+    /// The handshake failed or timed out.
+    #[error("handshake: {0}")]
+    Handshake(#[from] ConnectionError),
+}
+
+/// Why frames could not be sent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The stream could not be opened: the connection is gone.
+    #[error("open stream: {0}")]
+    Open(#[from] ConnectionError),
+    #[error(transparent)]
+    Frame(#[from] FrameWriteError),
+    /// The stream was closed before it was finished.
+    #[error("finish: {0}")]
+    Finish(#[from] ClosedStream),
+    /// The peer stopped the stream with this code (`ERR_MALFORMED`, ...).
+    #[error("stopped by the peer with code {0}")]
+    Stopped(VarInt),
+    /// The connection was lost before the peer acknowledged the frames.
+    #[error("not acknowledged: {0}")]
+    Unacknowledged(StoppedError),
+}
+
+/// An endpoint for dialing only (tools, tests): bound to `bind`, no server
+/// config, our transport bounds and the accept-any client config. Needs a
+/// tokio runtime.
+pub fn client_endpoint(bind: SocketAddr, cfg: &ServerConfig) -> Result<Endpoint, NetError> {
+    cfg.validate()?;
+    let mut endpoint = Endpoint::client(bind).map_err(|source| NetError::Bind { addr: bind, source })?;
+    endpoint.set_default_client_config(client_config(cfg)?);
+    Ok(endpoint)
+}
+
+/// Connects to a dagfold node at `addr` with the endpoint's default client
+/// config, which for endpoints from `make_endpoint` / `client_endpoint` is
+/// the accept-any config with ALPN `dagfold/1`.
+pub async fn connect(endpoint: &Endpoint, addr: SocketAddr) -> Result<Connection, ConnectError> {
+    Ok(endpoint.connect(addr, SERVER_NAME)?.await?)
+}
+
+/// Opens a unidirectional stream, writes `frames` on it, finishes it, and
+/// waits until the peer has acknowledged all of it (received, not
+/// necessarily processed), so the caller may close the connection after.
+pub async fn send_frames_uni<I>(conn: &Connection, frames: I) -> Result<(), SendError>
+where
+    I: IntoIterator,
+    I::Item: AsRef<[u8]>,
+{
+    let mut send = conn.open_uni().await?;
+    for frame in frames {
+        write_frame(&mut send, frame.as_ref()).await?;
+    }
+    send.finish()?;
+    match send.stopped().await {
+        Ok(None) => Ok(()),
+        Ok(Some(code)) => Err(SendError::Stopped(code)),
+        Err(e) => Err(SendError::Unacknowledged(e)),
+    }
+}
+
+/// Opens a bidirectional stream: frames written on the writer reach the
+/// peer's decoder; the peer's replies come out of the reader. The peer sees
+/// the stream only once the first frame is written.
+pub async fn open_bi(conn: &Connection) -> Result<(FrameWriter, FrameReader), ConnectionError> {
+    let (send, recv) = conn.open_bi().await?;
+    Ok((FrameWriter { send }, FrameReader { recv, max_len: FRAME_CONTENT_BYTES_MAX }))
+}
+
+/// Writes frames on one stream.
+#[derive(Debug)]
+pub struct FrameWriter {
+    send: SendStream,
+}
+
+impl FrameWriter {
+    /// Writes one frame; waits while flow control says the peer is full.
+    pub async fn write(&mut self, content: &[u8]) -> Result<(), FrameWriteError> {
+        write_frame(&mut self.send, content).await
+    }
+
+    /// Ends the stream after the frames written so far.
+    pub fn finish(&mut self) -> Result<(), ClosedStream> {
+        self.send.finish()
+    }
+
+    /// The stream itself, to write raw bytes (tests of malformed framing).
+    pub fn send_stream(&mut self) -> &mut SendStream {
+        &mut self.send
+    }
+}
+
+/// Reads frames from one stream, up to the SPEC frame limit.
+#[derive(Debug)]
+pub struct FrameReader {
+    recv: RecvStream,
+    max_len: u32,
+}
+
+impl FrameReader {
+    /// The next frame, or `None` once the peer finished the stream.
+    pub async fn read(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
+        read_frame(&mut self.recv, self.max_len).await
+    }
+
+    /// Tells the peer to stop sending, with an application error code.
+    pub fn stop(&mut self, code: u32) -> Result<(), ClosedStream> {
+        self.recv.stop(VarInt::from_u32(code))
+    }
+}

@@ -1,0 +1,121 @@
+//! Framing on a QUIC stream (SPEC §10): a `u32` little-endian length, then
+//! that many bytes of content; many frames a stream.
+//!
+//! Reading is split in two (`read_length`, `read_content`) so the server can
+//! reserve memory for a frame between learning its length and allocating it;
+//! `read_frame` composes them for everyone else.
+
+use quinn::{ReadError, ReadExactError, RecvStream, SendStream, VarInt, WriteError};
+
+/// One frame's content, after its 4-byte length prefix (SPEC §7).
+pub const FRAME_CONTENT_BYTES_MAX: u32 = 1_048_576;
+
+/// Size of the length prefix on the wire.
+pub const FRAME_PREFIX_BYTES: u32 = 4;
+
+/// Why a frame could not be read. The first two are the peer's fault
+/// (malformed, SPEC §10); the rest are the stream or connection going away.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The length prefix is over the limit. Nothing was allocated for it.
+    #[error("frame length {len} over the limit {max}")]
+    Oversize { len: u32, max: u32 },
+    /// The stream ended (FIN) inside a length prefix or inside a content.
+    #[error("stream ended inside a frame: {got} of {expected} bytes")]
+    Truncated { expected: u32, got: u32 },
+    /// The peer reset the stream with this application error code.
+    #[error("stream reset by the peer with code {0}")]
+    Reset(VarInt),
+    /// The connection was lost, or the stream was already stopped locally.
+    #[error("read failed: {0}")]
+    Read(ReadError),
+}
+
+impl FrameError {
+    /// True when the peer sent bytes that are not valid framing.
+    pub fn is_malformed(&self) -> bool {
+        matches!(self, FrameError::Oversize { .. } | FrameError::Truncated { .. })
+    }
+}
+
+impl From<ReadError> for FrameError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Reset(code) => FrameError::Reset(code),
+            other => FrameError::Read(other),
+        }
+    }
+}
+
+/// Why a frame could not be written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameWriteError {
+    /// The content is over the SPEC limit: every peer would reject it as
+    /// malformed, so it is never put on the wire.
+    #[error("frame content of {len} bytes over the limit {FRAME_CONTENT_BYTES_MAX}")]
+    Oversize { len: usize },
+    /// The peer stopped the stream, or the connection was lost.
+    #[error("write failed: {0}")]
+    Write(#[from] WriteError),
+}
+
+/// Reads the next length prefix. `Ok(None)` on a clean end of stream between
+/// frames. A length over `max_len` is an error before anything is allocated.
+pub async fn read_length(recv: &mut RecvStream, max_len: u32) -> Result<Option<u32>, FrameError> {
+    let mut prefix = [0u8; FRAME_PREFIX_BYTES as usize];
+    match recv.read_exact(&mut prefix).await {
+        Ok(()) => {}
+        Err(ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(ReadExactError::FinishedEarly(got)) => {
+            return Err(FrameError::Truncated {
+                expected: FRAME_PREFIX_BYTES,
+                got: got as u32, // < 4: read into a 4-byte buffer
+            })
+        }
+        Err(ReadExactError::ReadError(e)) => return Err(e.into()),
+    }
+    let len = u32::from_le_bytes(prefix);
+    if len > max_len {
+        return Err(FrameError::Oversize { len, max: max_len });
+    }
+    Ok(Some(len))
+}
+
+/// Reads exactly `len` bytes of content. The caller has checked `len` against
+/// its limit (`read_length` does), so this allocation is bounded.
+pub async fn read_content(recv: &mut RecvStream, len: u32) -> Result<Vec<u8>, FrameError> {
+    let mut content = vec![0u8; len as usize];
+    match recv.read_exact(&mut content).await {
+        Ok(()) => Ok(content),
+        Err(ReadExactError::FinishedEarly(got)) => Err(FrameError::Truncated {
+            expected: len,
+            got: got as u32, // < len, itself a u32
+        }),
+        Err(ReadExactError::ReadError(e)) => Err(e.into()),
+    }
+}
+
+/// Reads one frame. `Ok(None)` on a clean end of stream between frames;
+/// `Ok(Some(vec![]))` for a zero-length frame (valid framing: what an empty
+/// content means is the decoder's business).
+pub async fn read_frame(recv: &mut RecvStream, max_len: u32) -> Result<Option<Vec<u8>>, FrameError> {
+    match read_length(recv, max_len).await? {
+        None => Ok(None),
+        Some(len) => read_content(recv, len).await.map(Some),
+    }
+}
+
+/// Writes one frame: its length prefix, then its content.
+pub async fn write_frame(send: &mut SendStream, content: &[u8]) -> Result<(), FrameWriteError> {
+    if content.len() > FRAME_CONTENT_BYTES_MAX as usize {
+        return Err(FrameWriteError::Oversize { len: content.len() });
+    }
+    let len = content.len() as u32; // checked just above
+    // Two writes rather than one concatenated buffer: quinn copies both into
+    // its send buffer anyway, so this saves a copy of the content.
+    send.write_all(&len.to_le_bytes()).await?;
+    send.write_all(content).await?;
+    Ok(())
+}

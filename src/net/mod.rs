@@ -1,0 +1,39 @@
+//! QUIC transport (SPEC §10): the endpoint, its TLS, length-prefixed framing,
+//! the accept loop that turns frames into decoded items, and client helpers.
+//!
+//! Architecture invariant: this module knows quinn and rustls but not the
+//! protocol types. What a frame means is decided by a [`server::FrameDecoder`]
+//! supplied by the node, so the transport can be tested (and reused by tools)
+//! on its own.
+//!
+//! Memory stays bounded end to end: QUIC flow control bounds what a peer may
+//! have in flight (stream and connection receive windows), a byte budget
+//! bounds frames held between the socket and the node's channel, and the
+//! node's bounded channel bounds the rest. When the node falls behind, stream
+//! tasks stop reading and the peers' writes block (see `server`).
+
+pub mod client;
+pub mod frame;
+pub mod server;
+pub mod tls;
+
+/// QUIC application error codes that dagfold sends when it stops a stream or
+/// closes a connection. One namespace for both, as QUIC allows; fixed values,
+/// since peers see them on the wire.
+pub mod codes {
+    /// No error: a normal close.
+    pub const ERR_NONE: u32 = 0;
+    /// The stream carried a malformed frame (over the limit, truncated, or not
+    /// decodable, SPEC §10). Sent with `STOP_SENDING` on that stream only.
+    pub const ERR_MALFORMED: u32 = 1;
+    /// The node is shutting down (connection close), or no longer takes items
+    /// from this stream.
+    pub const ERR_SHUTDOWN: u32 = 2;
+    /// A frame's content, or a reply frame, did not move within its deadline.
+    pub const ERR_TIMEOUT: u32 = 3;
+}
+
+pub use client::{client_endpoint, connect, open_bi, send_frames_uni, FrameReader, FrameWriter};
+pub use codes::{ERR_MALFORMED, ERR_NONE, ERR_SHUTDOWN, ERR_TIMEOUT};
+pub use frame::{read_frame, write_frame, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
+pub use server::{make_endpoint, run_server, FrameDecoder, Inbound, Reply, ServerConfig};

@@ -1,0 +1,609 @@
+//! The accept side of the QUIC transport: connections, streams, frames, and
+//! the hand-off of decoded items to the node through one bounded channel.
+//!
+//! Tasks: one accept loop; one task per connection; one task per stream that
+//! reads, decodes and forwards frames; one writer task per bidirectional
+//! stream that drains its [`Reply`] queue. Decoding runs in the stream task,
+//! so its cost spreads over the tokio workers.
+//!
+//! Backpressure: a stream task `send().await`s each item into the node's
+//! channel. While the channel is full it stops reading, quinn stops extending
+//! flow-control credit, and the peer's writes block. What the node holds is
+//! therefore bounded by (see [`ServerConfig`]):
+//! - quinn's buffers: `connections_max × connection_receive_window_bytes`;
+//! - frames between quinn and the channel: `frames_buffered_bytes_max`;
+//! - the channel: its capacity, the node's choice.
+//!
+//! A peer's fault (a frame over the limit, a truncated frame, a frame that
+//! does not decode) stops that stream with [`ERR_MALFORMED`] and is counted;
+//! the connection and its other streams go on (SPEC §10).
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
+use quinn::{Endpoint, IdleTimeout, RecvStream, SendStream, TransportConfig, VarInt};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::{JoinError, JoinSet};
+
+use super::codes::{ERR_MALFORMED, ERR_SHUTDOWN, ERR_TIMEOUT};
+use super::frame::{
+    read_content, read_length, write_frame, FrameError, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES,
+};
+use super::tls::{self, TlsError};
+
+/// Frames queued on one [`Reply`] before `send` waits (`try_send` fails).
+/// Replies are the node's own data (sync answers, acks): a few frames of
+/// slack keep the writer busy without letting one slow reader pin much
+/// memory (at most this × 1 MiB per bidirectional stream).
+pub const REPLY_FRAMES_QUEUED_MAX: usize = 8;
+
+/// How long one reply frame may take to be accepted by quinn (i.e. for the
+/// peer to extend flow-control credit). A peer that does not read its replies
+/// for this long has its stream reset with [`ERR_TIMEOUT`], which wakes every
+/// waiting `Reply::send` with `Closed`: this is what bounds `send`.
+pub const REPLY_FRAME_WRITE_TIMEOUT_MS: u32 = 10_000;
+
+/// How long shutdown waits for peers to acknowledge the connection close, so
+/// they learn of it at once instead of after their idle timeout. Three PTOs on
+/// a WAN path are well under this.
+pub const SHUTDOWN_DRAIN_MS: u32 = 1_000;
+
+/// Every bound of the QUIC server. All counts and sizes are fixed-width.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// UDP address to bind. Default `0.0.0.0:7610`: all IPv4 interfaces; the
+    /// port is dagfold's default, any free one works.
+    pub listen: SocketAddr,
+    /// Connections open at once, handshaking ones included; beyond, an
+    /// incoming connection is refused and counted. Default 256: a node has a
+    /// handful of peers and some hundreds of clients, and this bounds quinn's
+    /// buffers at `256 × connection_receive_window_bytes` (640 MiB at the
+    /// default window) in the worst case of a node that stops reading.
+    pub connections_max: u32,
+    /// Concurrent streams a peer may open on one connection, for each of uni
+    /// and bi (and the same for streams opened towards us as a client).
+    /// Default 32: a peer uses a few (gossip, sync); a client one per
+    /// subscription. It bounds stream tasks at `connections_max × 2 × 32`.
+    pub streams_per_connection_max: u32,
+    /// Bytes a peer may have in flight on one stream. Default 1.25 MiB
+    /// (close to quinn's own default): above one maximum frame and its
+    /// prefix, so a maximum-size frame never waits for a window update.
+    pub stream_receive_window_bytes: u32,
+    /// Bytes a peer may have in flight on one connection, all streams
+    /// together; also our send window per connection. Default 2.5 MiB: two
+    /// streams at full window, and at a 100 ms RTT 25 MiB/s ≈ 87k ops/s of
+    /// 300 bytes, above the ≈ 83k ops/s verify ceiling of a node
+    /// (NUMBERS.md), so the window does not limit one peer even on a WAN.
+    pub connection_receive_window_bytes: u32,
+    /// Frame content limit after the 4-byte prefix. Default and maximum
+    /// 1,048,576 (SPEC §7); lower only in tests, since a lower value rejects
+    /// frames the SPEC calls valid.
+    pub frame_bytes_max: u32,
+    /// A connection with no traffic for this long is closed, freeing its
+    /// slot. Default 30 s: clients keep links alive with pings every third of
+    /// this, so it takes two lost in a row to drop a live peer, while a dead
+    /// one is reclaimed within half a minute.
+    pub idle_timeout_ms: u32,
+    /// Bytes of frames held between quinn and the node's channel, all
+    /// streams together: a frame's length is reserved before it is allocated
+    /// and released once its item is in the channel. Without it, every
+    /// stream could hold a frame of up to 1 MiB (16k streams: 16 GiB).
+    /// Default 64 MiB: ≈ 220k ops of 300 bytes, over 2 s of work at the
+    /// verify ceiling, enough to keep the pipeline fed. At least
+    /// `frame_bytes_max`, so a maximum frame can always be reserved.
+    pub frames_buffered_bytes_max: u64,
+    /// Once a frame's length has arrived, its content must arrive within
+    /// this, else the stream is stopped with `ERR_TIMEOUT` and counted: it
+    /// bounds how long a slow sender can hold part of the byte budget.
+    /// Default 30 s: 1 MiB in 30 s is 35 KB/s, below any useful link.
+    pub frame_receive_timeout_ms: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 7610)),
+            connections_max: 256,
+            streams_per_connection_max: 32,
+            stream_receive_window_bytes: 1_310_720,
+            connection_receive_window_bytes: 2_621_440,
+            frame_bytes_max: FRAME_CONTENT_BYTES_MAX,
+            idle_timeout_ms: 30_000,
+            frames_buffered_bytes_max: 64 * 1024 * 1024,
+            frame_receive_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// A [`ServerConfig`] value out of range.
+#[derive(Debug, thiserror::Error)]
+#[error("net config: {field} {why}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub why: &'static str,
+}
+
+impl ServerConfig {
+    /// Checks the bounds against each other.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let check = |ok: bool, field, why| if ok { Ok(()) } else { Err(ConfigError { field, why }) };
+        check(self.connections_max >= 1, "connections_max", "must be at least 1")?;
+        check(self.streams_per_connection_max >= 1, "streams_per_connection_max", "must be at least 1")?;
+        check(self.stream_receive_window_bytes >= 1, "stream_receive_window_bytes", "must be at least 1")?;
+        check(
+            self.connection_receive_window_bytes >= self.stream_receive_window_bytes,
+            "connection_receive_window_bytes",
+            "must be at least stream_receive_window_bytes",
+        )?;
+        check(
+            (1..=FRAME_CONTENT_BYTES_MAX).contains(&self.frame_bytes_max),
+            "frame_bytes_max",
+            "must be in 1..=1048576 (SPEC §7)",
+        )?;
+        // Zero would mean "no idle timeout" to QUIC: an unbounded wait.
+        check(self.idle_timeout_ms >= 1, "idle_timeout_ms", "must be at least 1")?;
+        check(
+            self.frames_buffered_bytes_max >= u64::from(self.frame_bytes_max),
+            "frames_buffered_bytes_max",
+            "must be at least frame_bytes_max",
+        )?;
+        check(
+            self.frames_buffered_bytes_max <= Semaphore::MAX_PERMITS as u64,
+            "frames_buffered_bytes_max",
+            "is too large",
+        )?;
+        check(self.frame_receive_timeout_ms >= 1, "frame_receive_timeout_ms", "must be at least 1")?;
+        Ok(())
+    }
+
+    /// The QUIC transport parameters for both directions. `keep_alive` is
+    /// set for our client side only: a node keeps its links to peers up,
+    /// while the server lets idle clients go.
+    pub(crate) fn transport_config(&self, keep_alive: bool) -> TransportConfig {
+        let mut transport = TransportConfig::default();
+        transport
+            .max_concurrent_uni_streams(VarInt::from_u32(self.streams_per_connection_max))
+            .max_concurrent_bidi_streams(VarInt::from_u32(self.streams_per_connection_max))
+            .stream_receive_window(VarInt::from_u32(self.stream_receive_window_bytes))
+            .receive_window(VarInt::from_u32(self.connection_receive_window_bytes))
+            .send_window(u64::from(self.connection_receive_window_bytes))
+            .max_idle_timeout(Some(IdleTimeout::from(VarInt::from_u32(self.idle_timeout_ms))))
+            // Unused by dagfold: refuse datagrams rather than buffer them.
+            .datagram_receive_buffer_size(None);
+        if keep_alive {
+            transport.keep_alive_interval(Some(Duration::from_millis(u64::from(self.idle_timeout_ms / 3).max(1))));
+        }
+        transport
+    }
+}
+
+/// Why an endpoint could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NetError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("tls: {0}")]
+    Tls(#[from] TlsError),
+    #[error("bind {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+}
+
+/// Makes the node's endpoint: bound to `cfg.listen`, serving with the
+/// certificate kept in `tls_dir` (made on first use), and able to dial peers
+/// with the accept-any client config (`client::connect`). Needs a tokio
+/// runtime (quinn spawns its driver).
+pub fn make_endpoint(cfg: &ServerConfig, tls_dir: &Path) -> Result<Endpoint, NetError> {
+    cfg.validate()?;
+    let cert = tls::load_or_create_cert(tls_dir)?;
+    let mut server = tls::server_config(&cert)?;
+    server.transport_config(Arc::new(cfg.transport_config(false)));
+    // Connection attempts not yet handled by the accept loop: it handles
+    // each at once, so a backlog of one limit's worth is ample.
+    server.max_incoming(cfg.connections_max as usize);
+    let mut endpoint =
+        Endpoint::server(server, cfg.listen).map_err(|source| NetError::Bind { addr: cfg.listen, source })?;
+    endpoint.set_default_client_config(client_config(cfg)?);
+    Ok(endpoint)
+}
+
+/// The client config of our endpoints: accept-any TLS, our transport bounds,
+/// keep-alive on.
+pub(crate) fn client_config(cfg: &ServerConfig) -> Result<quinn::ClientConfig, NetError> {
+    let mut client = tls::client_config()?;
+    client.transport_config(Arc::new(cfg.transport_config(true)));
+    Ok(client)
+}
+
+/// Turns a frame's content into the node's item.
+pub trait FrameDecoder: Send + Sync + 'static {
+    type Item: Send + 'static;
+    /// Decode one frame's content; Err means malformed (SPEC §10): the
+    /// stream is closed with an application error, counted; the connection
+    /// goes on.
+    fn decode(&self, frame: &[u8]) -> Result<Self::Item, ()>;
+}
+
+/// One decoded frame, as handed to the node.
+#[derive(Debug)]
+pub struct Inbound<T> {
+    /// Unique per connection for the life of the server (never reused).
+    pub conn_id: u64,
+    /// The peer's address when its connection was accepted.
+    pub remote: SocketAddr,
+    pub item: T,
+    /// Present for frames that came on a bidirectional stream: writes frames
+    /// back on that stream.
+    pub reply: Option<Reply>,
+}
+
+/// Writes frames back on the bidirectional stream a frame came on.
+///
+/// Cloneable; a writer task drains a queue of [`REPLY_FRAMES_QUEUED_MAX`]
+/// frames onto the stream, and finishes the stream once every handle (and
+/// the stream's reader) has dropped. Neither method blocks unboundedly: a
+/// peer that stops reading has its stream reset after
+/// [`REPLY_FRAME_WRITE_TIMEOUT_MS`], which closes the queue.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    frames: mpsc::Sender<Vec<u8>>,
+}
+
+/// The reply stream is gone (the peer stopped it, the connection was lost,
+/// or the writer timed out). Holds the frame that was not sent.
+#[derive(thiserror::Error)]
+#[error("reply stream closed")]
+pub struct Closed(pub Vec<u8>);
+
+impl fmt::Debug for Closed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Closed({} bytes)", self.0.len())
+    }
+}
+
+/// Why `Reply::try_send` did not queue the frame, which it gives back.
+#[derive(thiserror::Error)]
+#[non_exhaustive]
+pub enum TrySendError {
+    #[error("reply queue full")]
+    Full(Vec<u8>),
+    #[error("reply stream closed")]
+    Closed(Vec<u8>),
+}
+
+impl fmt::Debug for TrySendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrySendError::Full(frame) => write!(f, "Full({} bytes)", frame.len()),
+            TrySendError::Closed(frame) => write!(f, "Closed({} bytes)", frame.len()),
+        }
+    }
+}
+
+impl Reply {
+    /// Starts the writer task for `send` in `tasks`.
+    fn spawn(send: SendStream, tasks: &mut JoinSet<()>) -> Reply {
+        let (frames, queue) = mpsc::channel(REPLY_FRAMES_QUEUED_MAX);
+        tasks.spawn(write_replies(send, queue));
+        Reply { frames }
+    }
+
+    /// Queues one frame's content, waiting while the queue is full.
+    ///
+    /// Panics if the content is over the SPEC frame limit: the node's own
+    /// frames are built within it, so that is a programmer's error.
+    pub async fn send(&self, frame: Vec<u8>) -> Result<(), Closed> {
+        assert_frame_len(&frame);
+        self.frames.send(frame).await.map_err(|e| Closed(e.0))
+    }
+
+    /// Queues one frame's content if there is room, at once.
+    ///
+    /// Panics if the content is over the SPEC frame limit (see `send`).
+    pub fn try_send(&self, frame: Vec<u8>) -> Result<(), TrySendError> {
+        assert_frame_len(&frame);
+        self.frames.try_send(frame).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(frame) => TrySendError::Full(frame),
+            mpsc::error::TrySendError::Closed(frame) => TrySendError::Closed(frame),
+        })
+    }
+
+    /// True once the stream can take no more frames.
+    pub fn is_closed(&self) -> bool {
+        self.frames.is_closed()
+    }
+}
+
+fn assert_frame_len(frame: &[u8]) {
+    assert!(
+        frame.len() <= FRAME_CONTENT_BYTES_MAX as usize,
+        "reply frame of {} bytes over the SPEC limit",
+        frame.len()
+    );
+}
+
+/// Drains a reply queue onto its stream; finishes the stream when the queue
+/// closes. Returning early drops the queue, which wakes waiting senders.
+async fn write_replies(mut send: SendStream, mut queue: mpsc::Receiver<Vec<u8>>) {
+    let timeout = Duration::from_millis(u64::from(REPLY_FRAME_WRITE_TIMEOUT_MS));
+    while let Some(frame) = queue.recv().await {
+        match tokio::time::timeout(timeout, write_frame(&mut send, &frame)).await {
+            Ok(Ok(())) => {}
+            // The peer stopped the stream or the connection is gone.
+            Ok(Err(_)) => return,
+            Err(_elapsed) => {
+                counter!(metric::REPLIES_TIMED_OUT).increment(1);
+                let _ = send.reset(VarInt::from_u32(ERR_TIMEOUT));
+                return;
+            }
+        }
+    }
+    // Already reset or lost if this fails: nothing left to do either way.
+    let _ = send.finish();
+}
+
+/// Metric names, all prefixed `dagfold_net_`.
+pub mod metric {
+    pub const CONNECTIONS_ACCEPTED: &str = "dagfold_net_connections_accepted_total";
+    pub const CONNECTIONS_REFUSED: &str = "dagfold_net_connections_refused_total";
+    pub const HANDSHAKES_FAILED: &str = "dagfold_net_handshakes_failed_total";
+    pub const CONNECTIONS_OPEN: &str = "dagfold_net_connections_open";
+    /// Label `direction`: `uni` or `bi`.
+    pub const STREAMS_OPENED: &str = "dagfold_net_streams_opened_total";
+    pub const FRAMES_RECEIVED: &str = "dagfold_net_frames_received_total";
+    /// Prefix and content of every complete frame.
+    pub const BYTES_RECEIVED: &str = "dagfold_net_bytes_received_total";
+    /// Label `reason`: `oversize`, `truncated` or `decode`.
+    pub const FRAMES_MALFORMED: &str = "dagfold_net_frames_malformed_total";
+    pub const FRAMES_TIMED_OUT: &str = "dagfold_net_frames_timed_out_total";
+    pub const REPLIES_TIMED_OUT: &str = "dagfold_net_replies_timed_out_total";
+}
+
+fn describe_metrics() {
+    describe_counter!(metric::CONNECTIONS_ACCEPTED, "QUIC connections whose handshake completed");
+    describe_counter!(metric::CONNECTIONS_REFUSED, "QUIC connections refused at connections_max");
+    describe_counter!(metric::HANDSHAKES_FAILED, "QUIC handshakes that failed or timed out");
+    describe_gauge!(metric::CONNECTIONS_OPEN, "QUIC connections open, handshaking ones included");
+    describe_counter!(metric::STREAMS_OPENED, "streams opened by peers, by direction");
+    describe_counter!(metric::FRAMES_RECEIVED, "complete frames received");
+    describe_counter!(metric::BYTES_RECEIVED, Unit::Bytes, "bytes of complete frames received, prefixes included");
+    describe_counter!(metric::FRAMES_MALFORMED, "malformed frames (stream stopped), by reason");
+    describe_counter!(metric::FRAMES_TIMED_OUT, "frames whose content did not arrive in time (stream stopped)");
+    describe_counter!(metric::REPLIES_TIMED_OUT, "reply frames the peer did not take in time (stream reset)");
+}
+
+/// What every stream task needs.
+struct Shared<D: FrameDecoder> {
+    decoder: Arc<D>,
+    items: mpsc::Sender<Inbound<D::Item>>,
+    /// Permits are bytes of frames held between quinn and `items`.
+    frame_bytes_budget: Semaphore,
+    frame_bytes_max: u32,
+    frame_receive_timeout: Duration,
+}
+
+/// Accepts connections and streams on `endpoint` and sends each decoded
+/// frame to `items`, until `shutdown` turns true (or its sender drops, or the
+/// endpoint closes). Then closes the endpoint with [`ERR_SHUTDOWN`], waits up
+/// to [`SHUTDOWN_DRAIN_MS`] for peers to learn of it, and stops every task.
+///
+/// `cfg` is the one `endpoint` was made with; its transport bounds already
+/// live in the endpoint, the rest are applied here.
+pub async fn run_server<D: FrameDecoder>(
+    endpoint: Endpoint,
+    cfg: ServerConfig,
+    decoder: Arc<D>,
+    items: mpsc::Sender<Inbound<D::Item>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConfigError> {
+    cfg.validate()?;
+    describe_metrics();
+    let shared = Arc::new(Shared {
+        decoder,
+        items,
+        frame_bytes_budget: Semaphore::new(cfg.frames_buffered_bytes_max as usize), // validated
+        frame_bytes_max: cfg.frame_bytes_max,
+        frame_receive_timeout: Duration::from_millis(u64::from(cfg.frame_receive_timeout_ms)),
+    });
+    let open = Arc::new(AtomicU32::new(0));
+    // One entry per connection; finished ones are reaped at each accept, so
+    // it holds at most connections_max + 1.
+    let mut connections = JoinSet::new();
+    let mut conn_id_next: u64 = 0;
+
+    let stop = async move {
+        // An error means the sender dropped: nobody is left to keep us up.
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    };
+    tokio::pin!(stop);
+    loop {
+        let incoming = tokio::select! {
+            biased;
+            () = &mut stop => break,
+            incoming = endpoint.accept() => match incoming {
+                Some(incoming) => incoming,
+                None => break, // the endpoint was closed
+            },
+        };
+        while let Some(done) = connections.try_join_next() {
+            propagate_panic(done);
+        }
+        // Only this loop adds to `open`, so the check cannot be raced past.
+        if open.load(Ordering::Acquire) >= cfg.connections_max {
+            counter!(metric::CONNECTIONS_REFUSED).increment(1);
+            incoming.refuse();
+            continue;
+        }
+        let slot = ConnectionSlot::take(open.clone());
+        let conn_id = conn_id_next;
+        conn_id_next += 1;
+        connections.spawn(serve_connection(incoming, conn_id, slot, shared.clone()));
+    }
+
+    endpoint.close(VarInt::from_u32(ERR_SHUTDOWN), b"shutdown");
+    let drain = Duration::from_millis(u64::from(SHUTDOWN_DRAIN_MS));
+    let _ = tokio::time::timeout(drain, endpoint.wait_idle()).await;
+    connections.shutdown().await;
+    Ok(())
+}
+
+/// One unit of `connections_max`, held for the life of a connection task
+/// (handshake and stream tasks included, since those hold memory).
+struct ConnectionSlot {
+    open: Arc<AtomicU32>,
+}
+
+impl ConnectionSlot {
+    fn take(open: Arc<AtomicU32>) -> ConnectionSlot {
+        open.fetch_add(1, Ordering::AcqRel);
+        gauge!(metric::CONNECTIONS_OPEN).increment(1.0);
+        ConnectionSlot { open }
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let before = self.open.fetch_sub(1, Ordering::AcqRel);
+        assert!(before >= 1, "connection slots out of balance");
+        gauge!(metric::CONNECTIONS_OPEN).decrement(1.0);
+    }
+}
+
+/// A task that panicked is a programmer's error: carry the panic up.
+fn propagate_panic(done: Result<(), JoinError>) {
+    if let Err(e) = done {
+        if e.is_panic() {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+}
+
+async fn serve_connection<D: FrameDecoder>(
+    incoming: quinn::Incoming,
+    conn_id: u64,
+    slot: ConnectionSlot,
+    shared: Arc<Shared<D>>,
+) {
+    let _slot = slot;
+    // The handshake is bounded by the idle timeout, which quinn applies from
+    // the first packet.
+    let conn = match incoming.accept() {
+        Ok(connecting) => connecting.await,
+        Err(e) => Err(e),
+    };
+    let conn = match conn {
+        Ok(conn) => conn,
+        Err(_) => {
+            counter!(metric::HANDSHAKES_FAILED).increment(1);
+            return;
+        }
+    };
+    counter!(metric::CONNECTIONS_ACCEPTED).increment(1);
+    let remote = conn.remote_address();
+    // Bounded by the transport: at most streams_per_connection_max of each
+    // direction are open (quinn grants new ones as old ones are released),
+    // plus one writer per bidirectional stream.
+    let mut streams = JoinSet::new();
+    // After the connection closes, quinn still hands out streams that had
+    // arrived (their data is complete), one direction at a time: accept each
+    // direction until it reports the error.
+    let (mut uni_open, mut bi_open) = (true, true);
+    while uni_open || bi_open {
+        tokio::select! {
+            Some(done) = streams.join_next(), if !streams.is_empty() => propagate_panic(done),
+            uni = conn.accept_uni(), if uni_open => match uni {
+                Ok(recv) => {
+                    counter!(metric::STREAMS_OPENED, "direction" => "uni").increment(1);
+                    streams.spawn(read_stream(recv, None, conn_id, remote, shared.clone()));
+                }
+                Err(_) => uni_open = false,
+            },
+            bi = conn.accept_bi(), if bi_open => match bi {
+                Ok((send, recv)) => {
+                    counter!(metric::STREAMS_OPENED, "direction" => "bi").increment(1);
+                    let reply = Reply::spawn(send, &mut streams);
+                    streams.spawn(read_stream(recv, Some(reply), conn_id, remote, shared.clone()));
+                }
+                Err(_) => bi_open = false,
+            },
+        }
+    }
+    // The connection is gone. Stream tasks still waiting for the channel hold
+    // complete frames the peer was told (by QUIC acks) we received: let them
+    // hand those over rather than drop them. The rest end at once on the
+    // lost connection. Server shutdown aborts this task, and them with it.
+    while let Some(done) = streams.join_next().await {
+        propagate_panic(done);
+    }
+}
+
+async fn read_stream<D: FrameDecoder>(
+    mut recv: RecvStream,
+    reply: Option<Reply>,
+    conn_id: u64,
+    remote: SocketAddr,
+    shared: Arc<Shared<D>>,
+) {
+    // Handles looked up once per stream, not once per frame.
+    let frames_received = counter!(metric::FRAMES_RECEIVED);
+    let bytes_received = counter!(metric::BYTES_RECEIVED);
+    loop {
+        let len = match read_length(&mut recv, shared.frame_bytes_max).await {
+            Ok(Some(len)) => len,
+            Ok(None) => return, // the peer finished the stream between frames
+            Err(e) => return end_on_error(&mut recv, e),
+        };
+        // Reserve the frame's bytes before allocating them. Waiting here
+        // stops reading, which pushes back on the peer like a full channel.
+        let budget = shared.frame_bytes_budget.acquire_many(len).await.expect("the frame budget is never closed");
+        let content = match tokio::time::timeout(shared.frame_receive_timeout, read_content(&mut recv, len)).await {
+            Ok(Ok(content)) => content,
+            Ok(Err(e)) => return end_on_error(&mut recv, e),
+            Err(_elapsed) => {
+                counter!(metric::FRAMES_TIMED_OUT).increment(1);
+                let _ = recv.stop(VarInt::from_u32(ERR_TIMEOUT));
+                return;
+            }
+        };
+        frames_received.increment(1);
+        bytes_received.increment(u64::from(FRAME_PREFIX_BYTES) + u64::from(len));
+        let item = match shared.decoder.decode(&content) {
+            Ok(item) => item,
+            Err(()) => {
+                counter!(metric::FRAMES_MALFORMED, "reason" => "decode").increment(1);
+                let _ = recv.stop(VarInt::from_u32(ERR_MALFORMED));
+                return;
+            }
+        };
+        drop(content);
+        let inbound = Inbound { conn_id, remote, item, reply: reply.clone() };
+        // The budget stays held while waiting: the item is (about) the
+        // frame's size, and this wait is exactly when memory would pile up.
+        if shared.items.send(inbound).await.is_err() {
+            // The node dropped its receiver: it takes nothing more.
+            let _ = recv.stop(VarInt::from_u32(ERR_SHUTDOWN));
+            return;
+        }
+        drop(budget);
+    }
+}
+
+/// Ends a stream after a read error: malformed framing is counted and the
+/// stream stopped with `ERR_MALFORMED`; a reset or a lost connection needs
+/// nothing more.
+fn end_on_error(recv: &mut RecvStream, e: FrameError) {
+    let reason = match e {
+        FrameError::Oversize { .. } => "oversize",
+        FrameError::Truncated { .. } => "truncated",
+        _ => return,
+    };
+    counter!(metric::FRAMES_MALFORMED, "reason" => reason).increment(1);
+    // Fails only if the stream is already closed: then it is closed anyway.
+    let _ = recv.stop(VarInt::from_u32(ERR_MALFORMED));
+}

@@ -1,0 +1,213 @@
+//! `dagfold node`: the QUIC transport, the pipeline, status and metrics,
+//! events, gossip, heartbeat and sync, wired together.
+//!
+//! Threads: a small tokio runtime for the network side (transport, admin
+//! HTTP, peers, subscriptions, sync) and the pipeline's worker threads for
+//! everything that decides or writes state.
+
+pub mod config;
+pub mod peers;
+pub mod serve;
+pub mod subscribe;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+pub use config::NodeConfig;
+
+use crate::core::{Config, Decoded, Engine};
+use crate::pipeline::hub::Hub;
+use crate::pipeline::{Pipeline, Work};
+use crate::protocol::node::NodeMessage;
+use crate::store::rocks::{RocksStore, StoreReader};
+use crate::store::Store;
+
+/// Items queued between the transport and the pipeline's batcher. 1024
+/// ≈ 16 verifier batches: the batcher always finds a full batch while the
+/// transport runs ahead, and it bounds this queue at ~1024 frames.
+pub const INGEST_QUEUE_ITEMS: usize = 1024;
+
+/// A frame as the transport decodes it, in its stream task.
+pub enum Incoming {
+    Core(Decoded),
+    Node(NodeMessage),
+}
+
+pub struct NodeDecoder;
+
+impl crate::net::FrameDecoder for NodeDecoder {
+    type Item = Incoming;
+    fn decode(&self, frame: &[u8]) -> Result<Incoming, ()> {
+        match frame.first() {
+            Some(&t) if NodeMessage::is_node_variant(t) => NodeMessage::decode(frame).map(Incoming::Node).ok_or(()),
+            _ => crate::core::decode_frame(frame).map(Incoming::Core).map_err(|_| ()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("network: {0}")]
+    Net(#[from] crate::net::server::NetError),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Config(String),
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// What the network side shares.
+pub struct NodeShared {
+    pub identity_json: String,
+    pub pipeline: Arc<crate::pipeline::Shared>,
+    pub hub: Arc<Hub>,
+    pub reader: StoreReader,
+    pub peers: Vec<SocketAddr>,
+    pub metrics: metrics_exporter_prometheus::PrometheusHandle,
+    pub ingest: mpsc::Sender<Work>,
+    pub cfg: NodeConfig,
+}
+
+/// Runs a node until SIGINT or SIGTERM, then drains and closes.
+pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
+    let metrics = install_metrics();
+    let mut store = RocksStore::open(&cfg.data_dir)?;
+    let identity = crate::store::load_or_create_identity(&mut store)?;
+    let engine_cfg = Config {
+        data_key_wait_ms: cfg.key_wait_ms,
+        buffered_ops_per_scope_max: cfg.buffered_ops_per_scope_max,
+        buffered_bytes_per_scope_max: cfg.buffered_bytes_per_scope_max,
+        buffered_ops_total_max: cfg.buffered_ops_total_max,
+        buffered_bytes_total_max: cfg.buffered_bytes_total_max,
+        ..Config::default()
+    };
+    let started = std::time::Instant::now();
+    let mut engine = Engine::restore(engine_cfg, identity.clone(), &store, now_ms());
+    let restore_commit = engine.take_commit();
+    if !restore_commit.writes.is_empty() {
+        store.write(&restore_commit.writes, true)?;
+    }
+    let restored_ms = started.elapsed().as_millis();
+    let hub = Arc::new(Hub::new(engine.event_seqs()));
+    let reader = store.reader();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.network_threads.max(1))
+        .thread_name("dagfold-net")
+        .enable_all()
+        .build()?;
+    let (ingest_tx, ingest_rx) = mpsc::channel::<Work>(INGEST_QUEUE_ITEMS);
+    let (gossip_tx, gossip_rx) = mpsc::channel::<peers::Gossip>(peers::GOSSIP_QUEUE_OPS);
+    let hub2 = hub.clone();
+    let on_durable = Box::new(move |d: crate::pipeline::Durable| {
+        hub2.dispatch(&d.events);
+        for (_, _, bytes, origin) in d.applied {
+            if gossip_tx.try_send(peers::Gossip { bytes, origin }).is_err() {
+                // Peers catch up through heartbeat and sync.
+                metrics::counter!("dagfold_gossip_dropped_total").increment(1);
+            }
+        }
+    });
+    let pipe = Pipeline::start(cfg.pipeline.clone(), engine, store, ingest_rx, on_durable);
+    let shared = Arc::new(NodeShared {
+        identity_json: serde_json::json!({
+            "public_key": hex::encode(identity.public_key),
+            "kem_public_key": hex::encode(identity.kem_public),
+        })
+        .to_string(),
+        pipeline: pipe.shared.clone(),
+        hub,
+        reader,
+        peers: cfg.peers.clone(),
+        metrics,
+        ingest: ingest_tx,
+        cfg: cfg.clone(),
+    });
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let result: Result<(), NodeError> = rt.block_on(async {
+        let mut net_cfg = cfg.net.clone();
+        net_cfg.listen = cfg.listen;
+        let endpoint = crate::net::make_endpoint(&net_cfg, &cfg.data_dir.join("tls"))?;
+        let listen = endpoint.local_addr()?;
+        let admin_listener = tokio::net::TcpListener::bind(cfg.admin).await?;
+        let admin_addr = admin_listener.local_addr()?;
+        println!(
+            "{}",
+            serde_json::json!({
+                "public_key": hex::encode(identity.public_key),
+                "kem_public_key": hex::encode(identity.kem_public),
+                "listen": listen.to_string(),
+                "admin": admin_addr.to_string(),
+                "data_dir": cfg.data_dir.display().to_string(),
+                "restored_ms": restored_ms as u64,
+                "peers": cfg.peers.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            })
+        );
+        let (items_tx, items_rx) = mpsc::channel(INGEST_QUEUE_ITEMS);
+        let server = tokio::spawn(crate::net::run_server(
+            endpoint.clone(),
+            net_cfg,
+            Arc::new(NodeDecoder),
+            items_tx,
+            shutdown_rx.clone(),
+        ));
+        let admin = tokio::spawn(crate::admin::serve_admin(
+            admin_listener,
+            Arc::new(serve::Status(shared.clone())),
+            shutdown_rx.clone(),
+        ));
+        let dispatcher = tokio::spawn(serve::dispatch_inbound(shared.clone(), items_rx));
+        let peer_task = tokio::spawn(peers::run_peers(shared.clone(), endpoint.clone(), gossip_rx, shutdown_rx.clone()));
+        wait_for_signal().await;
+        eprintln!("dagfold: shutting down: draining the pipeline");
+        let _ = shutdown_tx.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        dispatcher.abort();
+        peer_task.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(2), admin).await;
+        endpoint.close(crate::net::ERR_SHUTDOWN.into(), b"shutdown");
+        Ok(())
+    });
+    // Dropping the last ingest senders lets the pipeline drain and stop.
+    drop(shared);
+    rt.shutdown_timeout(Duration::from_secs(2));
+    pipe.join();
+    eprintln!("dagfold: stopped");
+    result
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn install_metrics() -> metrics_exporter_prometheus::PrometheusHandle {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&[
+            0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            5.0, 10.0, 64.0, 256.0, 1024.0, 4096.0,
+        ])
+        .expect("static buckets")
+        .build_recorder();
+    let handle = recorder.handle();
+    // A second node in one process (tests) keeps the first recorder.
+    let _ = metrics::set_global_recorder(recorder);
+    handle
+}

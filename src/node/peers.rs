@@ -1,0 +1,220 @@
+//! Links to configured peers: gossip of applied ops (never back to where an
+//! op came from), the heads heartbeat, and the sync client that pulls what
+//! a peer's heads show we lack, or what our buffered ops wait for.
+//!
+//! One task per peer, one connection each (redialed with exponential
+//! backoff), one long unidirectional stream for gossip and heartbeats so a
+//! causal order stays causal at the peer; a sync is a bidirectional stream
+//! per request, at most one in flight per peer, at most every
+//! `SYNC_INTERVAL_MS`, so a missing-parent storm cannot flood a peer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::{Connection, Endpoint};
+use tokio::sync::{mpsc, watch};
+
+use super::NodeShared;
+use crate::net::frame::write_frame;
+use crate::pipeline::Work;
+use crate::protocol::node::*;
+use crate::protocol::{Hash, ZERO};
+
+/// Applied ops queued for gossip per node before new ones are dropped (the
+/// heartbeat and sync repair what gossip drops): ~2.5 MB of 300-byte ops.
+pub const GOSSIP_QUEUE_OPS: usize = 8192;
+/// Minimum time between two sync requests to one peer.
+pub const SYNC_INTERVAL_MS: u64 = 200;
+/// A sync exchange that takes longer is abandoned.
+pub const SYNC_TIMEOUT_MS: u64 = 10_000;
+/// Redial backoff bounds.
+pub const REDIAL_MS_MIN: u64 = 100;
+pub const REDIAL_MS_MAX: u64 = 5_000;
+/// Heads-we-lack notes kept at most (the oldest are dropped).
+pub const LACKING_NOTES_MAX: usize = 1024;
+
+pub struct Gossip {
+    pub bytes: Vec<u8>,
+    pub origin: u64,
+}
+
+pub async fn run_peers(
+    shared: Arc<NodeShared>,
+    endpoint: Endpoint,
+    mut gossip: mpsc::Receiver<Gossip>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut queues = Vec::new();
+    for (i, addr) in shared.peers.clone().into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(GOSSIP_QUEUE_OPS);
+        queues.push(tx);
+        tokio::spawn(peer_task(i as u64 + 1, addr, rx, shared.clone(), endpoint.clone(), shutdown.clone()));
+    }
+    while let Some(g) = gossip.recv().await {
+        if g.bytes.is_empty() {
+            continue;
+        }
+        let mut frame = Vec::with_capacity(g.bytes.len() + 1);
+        frame.push(crate::protocol::MESSAGE_OP);
+        frame.extend_from_slice(&g.bytes);
+        for (i, q) in queues.iter().enumerate() {
+            if g.origin == i as u64 + 1 {
+                continue;
+            }
+            if q.try_send(frame.clone()).is_err() {
+                metrics::counter!("dagfold_gossip_dropped_total").increment(1);
+            } else {
+                metrics::counter!("dagfold_gossip_sent_total").increment(1);
+            }
+        }
+    }
+}
+
+fn heartbeat_frame(shared: &NodeShared) -> Vec<u8> {
+    let st = shared.pipeline.status.read().unwrap();
+    let scopes = st
+        .values()
+        .take(HEARTBEAT_SCOPES_MAX)
+        .map(|s| ScopeBeat {
+            scope: s.scope,
+            root: s.root,
+            governance_heads: s.governance_heads.iter().take(HEARTBEAT_HEADS_MAX).copied().collect(),
+            data_heads: s.data_heads.iter().take(HEARTBEAT_HEADS_MAX).copied().collect(),
+        })
+        .collect();
+    NodeMessage::Heartbeat(Heartbeat { scopes }).encode()
+}
+
+async fn peer_task(
+    origin: u64,
+    addr: SocketAddr,
+    mut queue: mpsc::Receiver<Vec<u8>>,
+    shared: Arc<NodeShared>,
+    endpoint: Endpoint,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut backoff = REDIAL_MS_MIN;
+    while !*shutdown.borrow() {
+        let conn = match crate::net::connect(&endpoint, addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                metrics::counter!("dagfold_peer_dial_failures_total").increment(1);
+                if backoff >= REDIAL_MS_MAX {
+                    eprintln!("dagfold: peer {addr} unreachable: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(backoff)).await;
+                backoff = (backoff * 2).min(REDIAL_MS_MAX);
+                continue;
+            }
+        };
+        backoff = REDIAL_MS_MIN;
+        metrics::gauge!("dagfold_peers_connected").increment(1.0);
+        let _ = serve_link(origin, addr, &conn, &mut queue, &shared).await;
+        metrics::gauge!("dagfold_peers_connected").decrement(1.0);
+        tokio::time::sleep(Duration::from_millis(backoff)).await;
+    }
+}
+
+async fn serve_link(
+    origin: u64,
+    addr: SocketAddr,
+    conn: &Connection,
+    queue: &mut mpsc::Receiver<Vec<u8>>,
+    shared: &Arc<NodeShared>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let mut send = conn.open_uni().await?;
+    let mut beat = tokio::time::interval(Duration::from_millis(shared.cfg.heartbeat_ms));
+    let mut sync = tokio::time::interval(Duration::from_millis(SYNC_INTERVAL_MS));
+    sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            frame = queue.recv() => {
+                let Some(frame) = frame else { return Ok(()) };
+                write_frame(&mut send, &frame).await?;
+            }
+            _ = beat.tick() => {
+                write_frame(&mut send, &heartbeat_frame(shared)).await?;
+            }
+            _ = sync.tick() => {
+                for req in sync_requests(addr, shared) {
+                    let fut = sync_once(origin, conn, req, shared);
+                    match tokio::time::timeout(Duration::from_millis(SYNC_TIMEOUT_MS), fut).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(e),
+                        Err(_) => metrics::counter!("dagfold_sync_timeouts_total").increment(1),
+                    }
+                }
+            }
+            _ = conn.closed() => return Ok(()),
+        }
+    }
+}
+
+/// What to ask `addr` for now: heads its heartbeat showed we lack, then the
+/// ids our buffered ops wait for.
+fn sync_requests(addr: SocketAddr, shared: &NodeShared) -> Vec<SyncRequest> {
+    let mut out = Vec::new();
+    let ours = |scope: &Hash| -> Vec<Hash> {
+        let st = shared.pipeline.status.read().unwrap();
+        st.get(scope)
+            .map(|s| s.governance_heads.iter().chain(&s.data_heads).take(SYNC_IDS_MAX).copied().collect())
+            .unwrap_or_default()
+    };
+    {
+        let mut lacking = shared.pipeline.lacking.lock().unwrap();
+        let excess = lacking.len().saturating_sub(LACKING_NOTES_MAX);
+        lacking.drain(..excess);
+        let mut i = 0;
+        while i < lacking.len() {
+            if lacking[i].0 == addr {
+                let (_, scope, want) = lacking.remove(i);
+                if !out.iter().any(|r: &SyncRequest| r.scope == scope) {
+                    let mut want = want;
+                    want.truncate(SYNC_IDS_MAX);
+                    out.push(SyncRequest { scope, want, have: ours(&scope), max_ops: SYNC_OPS_MAX });
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+    let wanted = shared.pipeline.wanted.lock().unwrap().clone();
+    if !wanted.is_empty() {
+        // Missing parents: ask for them and a few ancestors each round.
+        out.push(SyncRequest { scope: ZERO, want: wanted, have: Vec::new(), max_ops: 512 });
+    }
+    out
+}
+
+async fn sync_once(
+    origin: u64,
+    conn: &Connection,
+    req: SyncRequest,
+    shared: &Arc<NodeShared>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    metrics::counter!("dagfold_sync_requests_sent_total").increment(1);
+    let (mut w, mut r) = crate::net::open_bi(conn).await?;
+    w.write(&NodeMessage::SyncRequest(req).encode()).await?;
+    let _ = w.finish();
+    let mut received = 0u64;
+    while let Some(frame) = r.read().await? {
+        match crate::core::decode_frame(&frame) {
+            Ok(crate::core::Decoded::Op { id, op, bytes }) => {
+                received += 1;
+                if shared.ingest.send(Work::Op { id, op, bytes, origin }).await.is_err() {
+                    break;
+                }
+            }
+            _ => {
+                if let Some(NodeMessage::SyncDone(_)) = NodeMessage::decode(&frame) {
+                    break;
+                }
+                metrics::counter!("dagfold_sync_unexpected_frames_total").increment(1);
+                break;
+            }
+        }
+    }
+    metrics::counter!("dagfold_sync_ops_received_total").increment(received);
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! The node's answers: the status source of the admin server, the inbound
+//! dispatcher (core messages to the pipeline, node messages to their
+//! handlers), the sync server and event subscriptions.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, Semaphore};
+
+use super::{Incoming, NodeShared};
+use crate::core::{Cf, Decoded};
+use crate::net::{Inbound, Reply};
+use crate::pipeline::Work;
+use crate::protocol::codec::decode_op;
+use crate::protocol::node::*;
+use crate::protocol::{Hash, PLANE_DATA};
+
+pub struct Status(pub Arc<NodeShared>);
+
+impl crate::admin::StatusSource for Status {
+    fn identity_json(&self) -> String {
+        self.0.identity_json.clone()
+    }
+
+    fn scope_json(&self, scope: &[u8; 32]) -> Option<String> {
+        let st = self.0.pipeline.status.read().unwrap();
+        st.get(scope).map(|s| s.to_json().to_string())
+    }
+
+    fn scopes_json(&self) -> String {
+        let st = self.0.pipeline.status.read().unwrap();
+        serde_json::Value::Array(st.values().map(|s| s.to_json()).collect()).to_string()
+    }
+
+    fn metrics_text(&self) -> String {
+        self.0.metrics.render()
+    }
+}
+
+/// Sync requests served at once over all peers: each reads up to
+/// `SYNC_OPS_MAX` ops from the store; a peer asking in a tight loop waits
+/// for a permit instead of taking the node's disk.
+pub const SYNC_SERVED_CONCURRENT_MAX: usize = 2;
+
+static SYNC_PERMITS: Semaphore = Semaphore::const_new(SYNC_SERVED_CONCURRENT_MAX);
+
+/// Index of the configured peer at `addr`, plus one (0: not a peer).
+pub fn origin_of(shared: &NodeShared, addr: &std::net::SocketAddr) -> u64 {
+    shared.peers.iter().position(|p| p == addr).map(|i| i as u64 + 1).unwrap_or(0)
+}
+
+pub async fn dispatch_inbound(shared: Arc<NodeShared>, mut items: mpsc::Receiver<Inbound<Incoming>>) {
+    while let Some(inb) = items.recv().await {
+        match inb.item {
+            Incoming::Core(Decoded::Op { id, op, bytes }) => {
+                let origin = origin_of(&shared, &inb.remote);
+                if shared.ingest.send(Work::Op { id, op, bytes, origin }).await.is_err() {
+                    return;
+                }
+            }
+            Incoming::Core(Decoded::Key(kd)) => {
+                if shared.ingest.send(Work::Key(kd)).await.is_err() {
+                    return;
+                }
+            }
+            Incoming::Node(NodeMessage::Heartbeat(hb)) => {
+                metrics::counter!("dagfold_heartbeats_received_total").increment(1);
+                // Heartbeats come from the peer's own endpoint: its address
+                // is where it listens.
+                for s in hb.scopes {
+                    let heads: Vec<Hash> = s.governance_heads.iter().chain(&s.data_heads).copied().collect();
+                    let w = Work::Heads { peer: inb.remote, scope: s.scope, heads, root: s.root };
+                    if shared.ingest.send(w).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Incoming::Node(NodeMessage::SyncRequest(req)) => {
+                if let Some(reply) = inb.reply {
+                    tokio::spawn(serve_sync(shared.clone(), req, reply));
+                }
+            }
+            Incoming::Node(NodeMessage::Subscribe(sub)) => {
+                if let Some(reply) = inb.reply {
+                    tokio::spawn(serve_subscription(shared.clone(), sub, reply));
+                }
+            }
+            Incoming::Node(_) => {
+                metrics::counter!("dagfold_node_messages_unexpected_total").increment(1);
+            }
+        }
+    }
+}
+
+/// Walks back from `want` through dependencies in the store, stopping at
+/// `have` and at unknown ids, collecting at most `max` ops; returns them
+/// ancestors first, so the requester applies them with little buffering.
+pub fn collect_sync(reader: &crate::store::rocks::StoreReader, want: &[Hash], have: &[Hash], max: usize) -> Vec<Vec<u8>> {
+    let have: HashSet<Hash> = have.iter().copied().collect();
+    let mut seen: HashSet<Hash> = HashSet::new();
+    let mut work: VecDeque<Hash> = want.iter().copied().collect();
+    let mut out = Vec::new();
+    while let Some(id) = work.pop_front() {
+        if out.len() >= max {
+            break;
+        }
+        if have.contains(&id) || !seen.insert(id) {
+            continue;
+        }
+        let Ok(Some(bytes)) = reader.get(Cf::Ops, &id) else { continue };
+        let Ok(op) = decode_op(&bytes) else { continue };
+        work.extend(op.parents.iter().copied());
+        if op.plane == PLANE_DATA {
+            work.extend(op.cut.iter().copied());
+        }
+        out.push(bytes);
+    }
+    out.reverse();
+    out
+}
+
+async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, reply: Reply) {
+    let Ok(_permit) = SYNC_PERMITS.acquire().await else { return };
+    metrics::counter!("dagfold_sync_requests_served_total").increment(1);
+    let max = req.max_ops.min(SYNC_OPS_MAX) as usize;
+    let reader = shared.reader.clone();
+    let ops = match tokio::task::spawn_blocking(move || collect_sync(&reader, &req.want, &req.have, max)).await {
+        Ok(ops) => ops,
+        Err(_) => return,
+    };
+    let sent = ops.len() as u32;
+    for bytes in ops {
+        let mut frame = Vec::with_capacity(bytes.len() + 1);
+        frame.push(crate::protocol::MESSAGE_OP);
+        frame.extend_from_slice(&bytes);
+        if reply.send(frame).await.is_err() {
+            return;
+        }
+    }
+    metrics::counter!("dagfold_sync_ops_served_total").increment(sent as u64);
+    let _ = reply.send(NodeMessage::SyncDone(SyncDone { sent }).encode()).await;
+}
+
+/// Events read from the log per store read while catching a subscriber up.
+const SUBSCRIPTION_HISTORY_CHUNK: usize = 1024;
+
+async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, reply: Reply) {
+    let Some((mut live, last_seq, sub_id)) = shared.hub.subscribe(sub.scope) else {
+        metrics::counter!("dagfold_subscriptions_refused_total").increment(1);
+        let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: sub.from_seq }).encode()).await;
+        return;
+    };
+    let mut next = sub.from_seq.max(1);
+    // History from the event log, up to what was durable at subscription.
+    while next <= last_seq {
+        let reader = shared.reader.clone();
+        let scope = sub.scope;
+        let from = next;
+        let chunk = tokio::task::spawn_blocking(move || reader.events(&scope, from, last_seq, SUBSCRIPTION_HISTORY_CHUNK)).await;
+        let Ok(Ok(chunk)) = chunk else { break };
+        if chunk.is_empty() {
+            break;
+        }
+        for (seq, v) in chunk {
+            let Some(frame) = event_frame(&sub.scope, seq, &v) else { continue };
+            if reply.send(NodeMessage::Event(frame).encode()).await.is_err() {
+                shared.hub.unsubscribe(&sub.scope, sub_id);
+                return;
+            }
+            next = seq + 1;
+        }
+    }
+    next = next.max(last_seq + 1);
+    loop {
+        match live.recv().await {
+            Some(ev) => {
+                if ev.seq < next {
+                    continue;
+                }
+                next = ev.seq + 1;
+                if reply.send(NodeMessage::Event(ev).encode()).await.is_err() {
+                    shared.hub.unsubscribe(&sub.scope, sub_id);
+                    return;
+                }
+            }
+            None => {
+                // The hub dropped us: we fell behind. Say where to resume.
+                let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: next }).encode()).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Decodes an event log record (op ‖ borsh(Event)).
+fn event_frame(scope: &Hash, seq: u64, v: &[u8]) -> Option<EventFrame> {
+    if v.len() < 32 {
+        return None;
+    }
+    let op: Hash = v[..32].try_into().ok()?;
+    let mut r = crate::protocol::codec::Reader::new(&v[32..]);
+    let kind = r.string(u32::MAX).ok()?;
+    let data = r.bytes(u32::MAX).ok()?;
+    Some(EventFrame { scope: *scope, seq, op, kind, data })
+}

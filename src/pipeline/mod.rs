@@ -1,0 +1,528 @@
+//! Worker threads and bounded channels around the sans-IO core.
+//!
+//! ```text
+//! transport ─ingest─▶ batcher ─▶ verifier × N ─▶ authorizer ─▶ decryptor ─▶ orderer ─▶ committer
+//!  (tokio mpsc)        (seq)     (batch verify)  (G at cut,     (opens with   (Engine:   (RocksDB batch,
+//!                                                 replica)       keyring)      DAG, fold,  fsync, then
+//!                                                                              cascade)    events, gossip)
+//! ```
+//!
+//! Every channel is bounded and carries batches. When a stage falls behind,
+//! the channels before it fill, the batcher stops taking from the ingest
+//! channel, the transport's stream tasks stop reading, and QUIC flow control
+//! pushes back on senders: memory stays bounded under any load.
+//!
+//! The threads only move work. The engine decides everything; the
+//! authorizer and decryptor compute, ahead of it, pure functions of an op
+//! (its verdict at its cut from a replica of the governance index that holds
+//! only accepted ops; its payload opened with a self-certifying key), which
+//! the engine uses on the op's first judgement. The cascade runs inside the
+//! orderer, through the same judging code. Verifier batches may finish out
+//! of order; the authorizer restores the ingest order so that a causally
+//! ordered stream stays causally ordered (no needless pending buffering).
+
+pub mod hub;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use metrics::{counter, gauge, histogram};
+
+use crate::core::governance::Governance;
+use crate::core::{authorize_at, Commit, Engine, Outcome, Prepared, ScopeStatus, VerifiedOp, Write};
+use crate::protocol::crypto::open_payload;
+use crate::protocol::{Hash, KeyDelivery, Op, OpKind};
+use crate::store::Store;
+
+/// Where a message came from: a transport connection id, 0 for local.
+pub type Origin = u64;
+
+/// One message for the pipeline, decoded by the transport.
+#[derive(Debug)]
+pub enum Work {
+    Op { id: Hash, op: Op, bytes: Vec<u8>, origin: Origin },
+    Key(KeyDelivery),
+    /// A frame that did not decode (already counted by the transport); it
+    /// is passed on so that the engine's counts match `import`'s.
+    Malformed,
+    /// A peer's heartbeat heads, to find what we lack (see `net::sync`).
+    Heads { peer: std::net::SocketAddr, scope: Hash, heads: Vec<Hash>, root: Hash },
+}
+
+struct Item {
+    work: Work,
+    valid: bool,
+    pre: Prepared,
+}
+
+struct Batch {
+    seq: u64,
+    items: Vec<Item>,
+    received: Instant,
+}
+
+#[derive(Clone, Debug)]
+pub struct PipelineConfig {
+    pub verifier_threads: usize,
+    /// Ops per signature batch. 64: NUMBERS.md batch-64 is within 15% of
+    /// batch-256 per signature while keeping latency per batch ~1.5 ms.
+    pub verify_batch_max: usize,
+    /// Batches queued between two stages. 4: enough to keep every stage
+    /// busy across a verifier's batch, small enough to bound memory at
+    /// ~4 × 64 × frame size per channel.
+    pub stage_queue_batches: usize,
+    /// Ops the orderer folds into one commit at most (group commit): the
+    /// WAL sync (~90 µs) is shared by them.
+    pub commit_ops_max: usize,
+    /// Sync the WAL on every commit (durable); off trades the last commits
+    /// on a power loss for speed (a process crash loses nothing either way).
+    pub sync: bool,
+    /// How often the orderer wakes to expire key waits when idle.
+    pub tick_ms: u64,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            verifier_threads: 2,
+            verify_batch_max: 64,
+            stage_queue_batches: 4,
+            commit_ops_max: 4096,
+            sync: true,
+            tick_ms: 100,
+        }
+    }
+}
+
+/// A committed, durable batch, for the node's side effects.
+pub struct Durable {
+    pub events: Vec<crate::core::EventOut>,
+    /// Applied ops: id, scope, encoding, origin (0 if woken by a cascade).
+    pub applied: Vec<(Hash, Hash, Vec<u8>, Origin)>,
+}
+
+/// What the pipeline shares with the rest of the node.
+pub struct Shared {
+    /// SPEC §11 status of every scope with an applied genesis, as durable.
+    pub status: RwLock<BTreeMap<Hash, ScopeStatus>>,
+    /// Set once a store write failed: the node accepts nothing more.
+    pub refusing: AtomicBool,
+    pub refusing_reason: Mutex<Option<String>>,
+    pub applied_total: AtomicU64,
+    pub buffered_ops: AtomicU64,
+    pub buffered_bytes: AtomicU64,
+    /// Ids buffered ops wait for and nobody has sent yet (sync asks for them).
+    pub wanted: Mutex<Vec<Hash>>,
+    /// Heads of peers that we lack, per scope (sync asks for them).
+    pub lacking: Mutex<Vec<(std::net::SocketAddr, Hash, Vec<Hash>)>>,
+    pub divergences_heartbeat: AtomicU64,
+}
+
+pub struct Pipeline {
+    pub shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Pipeline {
+    /// Starts the stage threads. `ingest` is fed by the transport; the
+    /// committer hands every durable batch to `on_durable`. Dropping every
+    /// sender of `ingest` drains the pipeline and stops the threads.
+    pub fn start<S: Store + 'static>(
+        cfg: PipelineConfig,
+        mut engine: Engine,
+        store: S,
+        ingest: tokio::sync::mpsc::Receiver<Work>,
+        on_durable: Box<dyn FnMut(Durable) + Send>,
+    ) -> Pipeline {
+        assert!(cfg.verifier_threads >= 1 && cfg.verify_batch_max >= 1);
+        // Replicas fed by the orderer from what the engine accepted.
+        let gov_replica = Arc::new(RwLock::new(Governance::default()));
+        let keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>> = Arc::new(RwLock::new(HashMap::new()));
+        // Seed the replicas from the engine as restored from disk.
+        {
+            let mut g = gov_replica.write().unwrap();
+            for (id, node) in engine.governance_nodes() {
+                g.insert(id, node);
+            }
+            let mut k = keyring.write().unwrap();
+            for key in engine.keys() {
+                k.insert(crate::protocol::crypto::key_id_of(&key), key);
+            }
+        }
+        let shared = Arc::new(Shared {
+            status: RwLock::new(BTreeMap::new()),
+            refusing: AtomicBool::new(false),
+            refusing_reason: Mutex::new(None),
+            applied_total: AtomicU64::new(engine.applied_total()),
+            buffered_ops: AtomicU64::new(0),
+            buffered_bytes: AtomicU64::new(0),
+            wanted: Mutex::new(Vec::new()),
+            lacking: Mutex::new(Vec::new()),
+            divergences_heartbeat: AtomicU64::new(0),
+        });
+        {
+            let mut st = shared.status.write().unwrap();
+            for id in engine.scope_ids() {
+                if let Some(s) = engine.status(&id) {
+                    st.insert(id, s);
+                }
+            }
+        }
+        let q = cfg.stage_queue_batches;
+        let (verify_tx, verify_rx) = bounded::<Batch>(q);
+        let (auth_tx, auth_rx) = bounded::<Batch>(q);
+        let (dec_tx, dec_rx) = bounded::<Batch>(q);
+        let (order_tx, order_rx) = bounded::<Batch>(q);
+        // One commit in flight: while the committer syncs batch N the
+        // orderer builds N+1, then waits (group commit).
+        let (commit_tx, commit_rx) = bounded::<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>(1);
+        let mut threads = Vec::new();
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name.into()).spawn(f).expect("spawning a pipeline thread")
+        };
+
+        let batch_max = cfg.verify_batch_max;
+        threads.push(spawn("dagfold-batcher", Box::new(move || batcher(ingest, verify_tx, batch_max))));
+        for i in 0..cfg.verifier_threads {
+            let (rx, tx) = (verify_rx.clone(), auth_tx.clone());
+            threads.push(spawn(&format!("dagfold-verifier-{i}"), Box::new(move || verifier(rx, tx))));
+        }
+        drop((verify_rx, auth_tx));
+        let g = gov_replica.clone();
+        threads.push(spawn("dagfold-authorizer", Box::new(move || authorizer(auth_rx, dec_tx, g))));
+        let k = keyring.clone();
+        threads.push(spawn("dagfold-decryptor", Box::new(move || decryptor(dec_rx, order_tx, k))));
+        let sh = shared.clone();
+        let commit_ops_max = cfg.commit_ops_max;
+        let tick_ms = cfg.tick_ms;
+        threads.push(spawn(
+            "dagfold-orderer",
+            Box::new(move || orderer(&mut engine, order_rx, commit_tx, sh, gov_replica, keyring, commit_ops_max, tick_ms)),
+        ));
+        let sh = shared.clone();
+        let sync = cfg.sync;
+        threads.push(spawn("dagfold-committer", Box::new(move || committer(store, commit_rx, sh, sync, on_durable))));
+        Pipeline { shared, threads }
+    }
+
+    /// Waits for every stage to drain and stop (after the ingest closed).
+    pub fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn batcher(mut ingest: tokio::sync::mpsc::Receiver<Work>, out: Sender<Batch>, batch_max: usize) {
+    let mut seq = 0u64;
+    while let Some(first) = ingest.blocking_recv() {
+        let received = Instant::now();
+        let mut items = vec![Item { work: first, valid: false, pre: Prepared::default() }];
+        while items.len() < batch_max {
+            match ingest.try_recv() {
+                Ok(w) => items.push(Item { work: w, valid: false, pre: Prepared::default() }),
+                Err(_) => break,
+            }
+        }
+        histogram!("dagfold_batch_ops").record(items.len() as f64);
+        if out.send(Batch { seq, items, received }).is_err() {
+            return;
+        }
+        seq += 1;
+    }
+}
+
+fn verifier(rx: Receiver<Batch>, tx: Sender<Batch>) {
+    for mut batch in rx {
+        let t = Instant::now();
+        let sigs: Vec<([u8; 32], [u8; 32], [u8; 64])> = batch
+            .items
+            .iter()
+            .filter_map(|i| match &i.work {
+                Work::Op { id, op, .. } => Some((op.author, *id, op.signature)),
+                _ => None,
+            })
+            .collect();
+        let mut verdicts = crate::protocol::sig::verify_batch(&sigs).into_iter();
+        for i in &mut batch.items {
+            if matches!(i.work, Work::Op { .. }) {
+                i.valid = verdicts.next().expect("one verdict per op");
+            }
+        }
+        histogram!("dagfold_stage_seconds", "stage" => "verify").record(t.elapsed().as_secs_f64());
+        counter!("dagfold_verified_total").increment(sigs.len() as u64);
+        if tx.send(batch).is_err() {
+            return;
+        }
+    }
+}
+
+fn authorizer(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Governance>>) {
+    // Restores ingest order; holds at most the batches in flight.
+    let mut next = 0u64;
+    let mut held: BTreeMap<u64, Batch> = BTreeMap::new();
+    for batch in rx {
+        held.insert(batch.seq, batch);
+        while let Some(mut batch) = held.remove(&next) {
+            next += 1;
+            let t = Instant::now();
+            let mut g = gov.write().expect("governance replica lock");
+            for i in &mut batch.items {
+                let Work::Op { op, .. } = &i.work else { continue };
+                if !i.valid || op.kind() == OpKind::Genesis {
+                    continue;
+                }
+                let cut = op.cut_ids();
+                if cut.iter().all(|c| g.get(c).is_some()) {
+                    // A cut of another plane or scope is judged wrong_plane by
+                    // the engine before this result is ever read.
+                    i.pre.auth = Some(authorize_at(&g.state_at(cut), op));
+                }
+            }
+            drop(g);
+            histogram!("dagfold_stage_seconds", "stage" => "authorize").record(t.elapsed().as_secs_f64());
+            if tx.send(batch).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+fn decryptor(rx: Receiver<Batch>, tx: Sender<Batch>, keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>) {
+    for mut batch in rx {
+        let t = Instant::now();
+        {
+            let keys = keyring.read().expect("keyring lock");
+            for i in &mut batch.items {
+                let Work::Op { op, .. } = &i.work else { continue };
+                // Only ops authorized ahead: others may never need opening.
+                if !i.valid || i.pre.auth != Some(crate::core::PreAuth::Ok) {
+                    continue;
+                }
+                if let Some(key) = keys.get(&op.key_id) {
+                    i.pre.opened = Some(open_payload(key, &op.nonce, &op.scope, op.plane, &op.payload));
+                }
+            }
+        }
+        histogram!("dagfold_stage_seconds", "stage" => "decrypt").record(t.elapsed().as_secs_f64());
+        if tx.send(batch).is_err() {
+            return;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn orderer(
+    engine: &mut Engine,
+    rx: Receiver<Batch>,
+    commit_tx: Sender<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>,
+    shared: Arc<Shared>,
+    gov: Arc<RwLock<Governance>>,
+    keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
+    commit_ops_max: usize,
+    tick_ms: u64,
+) {
+    let mut origins: HashMap<Hash, Origin> = HashMap::new();
+    let mut last_received = Instant::now();
+    let mut open = true;
+    while open {
+        let timeout = Duration::from_millis(tick_ms);
+        let mut ops_in_commit = 0usize;
+        let first = match rx.recv_timeout(timeout) {
+            Ok(b) => Some(b),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                open = false;
+                None
+            }
+        };
+        let mut pending_batches: Vec<Batch> = first.into_iter().collect();
+        let t = Instant::now();
+        while let Some(batch) = pending_batches.pop() {
+            last_received = last_received.min(batch.received);
+            ops_in_commit += batch.items.len();
+            for item in batch.items {
+                handle_item(engine, item, &shared, &mut origins);
+            }
+            if ops_in_commit < commit_ops_max {
+                if let Ok(b) = rx.try_recv() {
+                    pending_batches.push(b);
+                }
+            }
+        }
+        engine.handle_tick(now_ms());
+        let commit = engine.take_commit();
+        if commit.is_empty() && commit.applied.is_empty() {
+            last_received = Instant::now();
+            continue;
+        }
+        histogram!("dagfold_stage_seconds", "stage" => "order").record(t.elapsed().as_secs_f64());
+        // Feed the replicas before the next batch reaches the authorizer.
+        if !commit.gov_applied.is_empty() {
+            let mut g = gov.write().expect("governance replica lock");
+            for (id, node) in &commit.gov_applied {
+                g.insert(*id, node.clone());
+            }
+        }
+        if !commit.keys_added.is_empty() {
+            let mut k = keyring.write().expect("keyring lock");
+            for key in &commit.keys_added {
+                k.insert(crate::protocol::crypto::key_id_of(key), *key);
+            }
+        }
+        let mut scopes: Vec<Hash> = engine.take_touched_scopes();
+        scopes.sort();
+        scopes.dedup();
+        let statuses: Vec<ScopeStatus> = scopes.iter().filter_map(|s| engine.status(s)).collect();
+        let applied_origins: Vec<Origin> =
+            commit.applied.iter().map(|(id, _)| origins.remove(id).unwrap_or(0)).collect();
+        origins.clear();
+        let (bo, bb) = engine.buffered_total();
+        shared.buffered_ops.store(bo, Ordering::Relaxed);
+        shared.buffered_bytes.store(bb, Ordering::Relaxed);
+        gauge!("dagfold_buffered_ops").set(bo as f64);
+        gauge!("dagfold_buffered_bytes").set(bb as f64);
+        *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
+        publish_engine_stats(engine);
+        if commit_tx.send((commit, statuses, applied_origins, last_received)).is_err() {
+            return;
+        }
+        last_received = Instant::now();
+    }
+}
+
+fn handle_item(engine: &mut Engine, item: Item, shared: &Shared, origins: &mut HashMap<Hash, Origin>) {
+    if shared.refusing.load(Ordering::Relaxed) {
+        counter!("dagfold_refused_while_failed_total").increment(1);
+        return;
+    }
+    let now = now_ms();
+    let outcome = match item.work {
+        Work::Malformed => engine.note_malformed(),
+        Work::Key(kd) => {
+            engine.stats.frames += 1;
+            engine.handle_key(&kd, now)
+        }
+        Work::Op { id, op, bytes, origin } => {
+            let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
+            if origin != 0 {
+                origins.insert(id, origin);
+            }
+            outcome
+        }
+        Work::Heads { peer, scope, heads, root } => {
+            let lacking: Vec<Hash> =
+                heads.iter().filter(|h| engine.op_state(h) == crate::core::OpState::Unknown).copied().collect();
+            if !lacking.is_empty() {
+                shared.lacking.lock().unwrap().push((peer, scope, lacking));
+            } else if let Some(st) = engine.status(&scope) {
+                let mut theirs = heads.clone();
+                theirs.sort();
+                let mut ours: Vec<Hash> = st.data_heads.iter().chain(&st.governance_heads).copied().collect();
+                ours.sort();
+                if ours == theirs && st.root != root {
+                    shared.divergences_heartbeat.fetch_add(1, Ordering::Relaxed);
+                    counter!("dagfold_divergences_total", "source" => "heartbeat").increment(1);
+                    eprintln!(
+                        "dagfold: divergence with {peer} in scope {}: same heads, roots {} (ours) and {} (theirs)",
+                        hex::encode(scope),
+                        hex::encode(st.root),
+                        hex::encode(root)
+                    );
+                }
+            }
+            return;
+        }
+    };
+    let label = match outcome {
+        Outcome::Malformed => "malformed",
+        Outcome::BadSignature => "bad_signature",
+        Outcome::Duplicate => "duplicate",
+        Outcome::GenesisRefused => "genesis_refused",
+        Outcome::Applied => "applied",
+        Outcome::Dropped(r) => r.name(),
+        Outcome::NotYet(crate::core::BufKind::Pending) => "pending",
+        Outcome::NotYet(crate::core::BufKind::KeyWait) => "key_waiting",
+        Outcome::NotYet(crate::core::BufKind::DataKeyWait) => "data_key_waiting",
+        Outcome::KeyAccepted => "key_accepted",
+        Outcome::KeyIgnored => "key_ignored",
+    };
+    counter!("dagfold_received_total", "verdict" => label).increment(1);
+}
+
+fn publish_engine_stats(engine: &Engine) {
+    let s = &engine.stats;
+    gauge!("dagfold_engine_applied_total").set(s.applied as f64);
+    gauge!("dagfold_engine_evicted_total").set(s.evicted as f64);
+    gauge!("dagfold_engine_key_timeouts_total").set(s.key_timeouts as f64);
+    gauge!("dagfold_engine_divergences_total").set(s.divergences as f64);
+    gauge!("dagfold_engine_cascade_released_total").set(s.cascade_released as f64);
+    gauge!("dagfold_engine_malformed_total").set(s.malformed as f64);
+    gauge!("dagfold_engine_bad_signature_total").set(s.bad_signature as f64);
+    gauge!("dagfold_engine_duplicates_total").set(s.duplicates as f64);
+    for r in crate::core::Reason::ALL {
+        gauge!("dagfold_engine_dropped_total", "reason" => r.name()).set(s.dropped[r.code() as usize] as f64);
+    }
+    let (hits, misses) = engine.governance_cache_stats();
+    gauge!("dagfold_governance_cache_hits_total").set(hits as f64);
+    gauge!("dagfold_governance_cache_misses_total").set(misses as f64);
+    let age_ms = engine.oldest_buffered_since_ms().map(|t| now_ms().saturating_sub(t)).unwrap_or(0);
+    gauge!("dagfold_buffered_oldest_age_seconds").set(age_ms as f64 / 1000.0);
+}
+
+fn committer<S: Store>(
+    mut store: S,
+    rx: Receiver<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>,
+    shared: Arc<Shared>,
+    sync: bool,
+    mut on_durable: Box<dyn FnMut(Durable) + Send>,
+) {
+    for (commit, statuses, origins, received) in rx {
+        if shared.refusing.load(Ordering::Relaxed) {
+            continue;
+        }
+        let t = Instant::now();
+        if let Err(e) = store.write(&commit.writes, sync) {
+            eprintln!("dagfold: store write failed; the node accepts nothing more until restarted: {e}");
+            counter!("dagfold_store_write_failures_total").increment(1);
+            gauge!("dagfold_store_refusing").set(1.0);
+            *shared.refusing_reason.lock().unwrap() = Some(e.to_string());
+            shared.refusing.store(true, Ordering::SeqCst);
+            continue;
+        }
+        histogram!("dagfold_commit_seconds").record(t.elapsed().as_secs_f64());
+        histogram!("dagfold_commit_writes").record(commit.writes.len() as f64);
+        histogram!("dagfold_commit_applied_ops").record(commit.applied.len() as f64);
+        histogram!("dagfold_end_to_end_seconds").record(received.elapsed().as_secs_f64());
+        counter!("dagfold_applied_total").increment(commit.applied.len() as u64);
+        shared.applied_total.fetch_add(commit.applied.len() as u64, Ordering::Relaxed);
+        {
+            let mut st = shared.status.write().unwrap();
+            for s in statuses {
+                st.insert(s.scope, s);
+            }
+        }
+        // The encodings of applied ops are in the batch just written.
+        let mut bytes: HashMap<&[u8], &Vec<u8>> = HashMap::new();
+        for w in &commit.writes {
+            if let Write::Put(crate::core::Cf::Ops, k, v) = w {
+                bytes.insert(k.as_slice(), v);
+            }
+        }
+        let applied = commit
+            .applied
+            .iter()
+            .zip(origins)
+            .map(|((id, scope), origin)| (*id, *scope, bytes.get(id.as_slice()).map(|v| (*v).clone()).unwrap_or_default(), origin))
+            .collect();
+        on_durable(Durable { events: commit.events, applied });
+    }
+}

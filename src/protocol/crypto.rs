@@ -1,0 +1,136 @@
+//! Hashing, ids, payload sealing (SPEC §1, §3, §4) and key delivery (§9).
+
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use sha2::{Digest, Sha256};
+
+use super::types::*;
+
+pub const OP_DOMAIN: &[u8] = b"dagfold/op/v1";
+pub const PAYLOAD_DOMAIN: &[u8] = b"dagfold/payload/v1";
+pub const CELL_DOMAIN: &[u8] = b"dagfold/cell/v1";
+pub const WRAP_DOMAIN: &[u8] = b"dagfold/wrap/v1";
+
+pub fn sha256(data: &[u8]) -> Hash {
+    Sha256::digest(data).into()
+}
+
+pub fn sha256_parts(parts: &[&[u8]]) -> Hash {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p);
+    }
+    h.finalize().into()
+}
+
+/// `delta_id = H("dagfold/op/v1" || body)`.
+pub fn delta_id_of_body(body: &[u8]) -> Hash {
+    sha256_parts(&[OP_DOMAIN, body])
+}
+
+/// The encoded op and its id.
+pub fn encode_op(op: &Op) -> (Vec<u8>, Hash) {
+    let bytes = encode(op);
+    let id = delta_id_of_body(super::codec::op_body(&bytes));
+    (bytes, id)
+}
+
+pub fn payload_aad(scope: &Hash, plane: u8) -> Vec<u8> {
+    let mut aad = Vec::with_capacity(PAYLOAD_DOMAIN.len() + 33);
+    aad.extend_from_slice(PAYLOAD_DOMAIN);
+    aad.extend_from_slice(scope);
+    aad.push(plane);
+    aad
+}
+
+pub fn key_id_of(key: &[u8; 32]) -> Hash {
+    sha256(key)
+}
+
+/// ChaCha20-Poly1305 seal of a payload (SPEC §4).
+pub fn seal_payload(key: &[u8; 32], nonce: &[u8; 12], scope: &Hash, plane: u8, plaintext: &[u8]) -> Vec<u8> {
+    let cipher = ChaCha20Poly1305::new(Key::from_slice(key));
+    let aad = payload_aad(scope, plane);
+    cipher
+        .encrypt(Nonce::from_slice(nonce), Payload { msg: plaintext, aad: &aad })
+        .expect("ChaCha20-Poly1305 sealing of a bounded payload cannot fail")
+}
+
+/// Opens a payload; `None` is a tag mismatch (`undecryptable`).
+pub fn open_payload(key: &[u8; 32], nonce: &[u8; 12], scope: &Hash, plane: u8, ciphertext: &[u8]) -> Option<Vec<u8>> {
+    let cipher = ChaCha20Poly1305::new(Key::from_slice(key));
+    let aad = payload_aad(scope, plane);
+    cipher.decrypt(Nonce::from_slice(nonce), Payload { msg: ciphertext, aad: &aad }).ok()
+}
+
+pub fn x25519_public(secret: &[u8; 32]) -> [u8; 32] {
+    x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(*secret)).to_bytes()
+}
+
+fn wrap_key(shared: &[u8; 32], ephemeral: &[u8; 32], recipient_kem: &[u8; 32]) -> [u8; 32] {
+    sha256_parts(&[WRAP_DOMAIN, shared, ephemeral, recipient_kem])
+}
+
+fn delivery_aad(scope: &Hash, key_id: &Hash) -> [u8; 64] {
+    let mut aad = [0u8; 64];
+    aad[..32].copy_from_slice(scope);
+    aad[32..].copy_from_slice(key_id);
+    aad
+}
+
+/// Seals `key` to a recipient's X25519 `kem` key (SPEC §9), with the caller's
+/// ephemeral secret (fresh randomness in the caller keeps this deterministic).
+pub fn seal_key_delivery(
+    scope: Hash,
+    key: &[u8; 32],
+    recipient: PublicKey,
+    recipient_kem: &[u8; 32],
+    ephemeral_secret: &[u8; 32],
+) -> KeyDelivery {
+    let e = x25519_dalek::StaticSecret::from(*ephemeral_secret);
+    let ephemeral = x25519_dalek::PublicKey::from(&e).to_bytes();
+    let shared = e.diffie_hellman(&x25519_dalek::PublicKey::from(*recipient_kem)).to_bytes();
+    let wrap = wrap_key(&shared, &ephemeral, recipient_kem);
+    let key_id = key_id_of(key);
+    let cipher = ChaCha20Poly1305::new(Key::from_slice(&wrap));
+    let sealed = cipher
+        .encrypt(Nonce::from_slice(&[0u8; 12]), Payload { msg: key, aad: &delivery_aad(&scope, &key_id) })
+        .expect("sealing 32 bytes cannot fail");
+    KeyDelivery { scope, key_id, recipient, ephemeral, sealed }
+}
+
+/// Opens a delivery addressed to us (SPEC §9): `None` if the shared secret is
+/// all zero, the seal does not open, or the key is not 32 bytes hashing to
+/// `key_id`. The caller checks `recipient`.
+pub fn open_key_delivery(kd: &KeyDelivery, kem_secret: &[u8; 32]) -> Option<[u8; 32]> {
+    let r = x25519_dalek::StaticSecret::from(*kem_secret);
+    let recipient_kem = x25519_dalek::PublicKey::from(&r).to_bytes();
+    let shared = r.diffie_hellman(&x25519_dalek::PublicKey::from(kd.ephemeral)).to_bytes();
+    if shared == [0u8; 32] {
+        return None;
+    }
+    let wrap = wrap_key(&shared, &kd.ephemeral, &recipient_kem);
+    let cipher = ChaCha20Poly1305::new(Key::from_slice(&wrap));
+    let key = cipher
+        .decrypt(Nonce::from_slice(&[0u8; 12]), Payload { msg: &kd.sealed, aad: &delivery_aad(&kd.scope, &kd.key_id) })
+        .ok()?;
+    let key: [u8; 32] = key.try_into().ok()?;
+    (key_id_of(&key) == kd.key_id).then_some(key)
+}
+
+/// `p = H("dagfold/cell/v1" || borsh(entity) || borsh(key))` (SPEC §8).
+pub fn cell_path(entity: &str, key: &[u8]) -> Hash {
+    let mut h = Sha256::new();
+    h.update(CELL_DOMAIN);
+    h.update((entity.len() as u32).to_le_bytes());
+    h.update(entity.as_bytes());
+    h.update((key.len() as u32).to_le_bytes());
+    h.update(key);
+    h.finalize().into()
+}
+
+/// `leaf = H([0x00] || p || H(borsh(cell)))`.
+pub fn cell_leaf(path: &Hash, cell: &Cell) -> Hash {
+    let inner = sha256(&encode(cell));
+    sha256_parts(&[&[0u8], path, &inner])
+}

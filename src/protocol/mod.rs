@@ -1,0 +1,9 @@
+//! The SPEC types, codec, hashing, signing, sealing. Pure functions only.
+pub mod codec;
+pub mod crypto;
+pub mod node;
+pub mod sig;
+pub mod types;
+
+pub use codec::DecodeError;
+pub use types::*;

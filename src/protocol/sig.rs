@@ -1,0 +1,406 @@
+//! Ed25519 signature validity, exactly as SPEC §1 defines it, one at a time
+//! and in batches.
+//!
+//! A signature `(R, S)` by key `A` on message `M` is valid iff
+//!
+//! 1. `S < L` (the scalar is canonical);
+//! 2. `A` and `R` are canonical point encodings (decompressing and compressing
+//!    again gives back the same 32 bytes);
+//! 3. neither `A` nor `R` is of small order (`[8]P` is not the identity);
+//! 4. the **cofactored** equation `[8][S]B = [8]R + [8][k]A` holds, with
+//!    `k = SHA-512(R || A || M) mod L`.
+//!
+//! # Why the cofactored equation
+//!
+//! A point of the curve is `P = P' + T`, with `P'` in the prime-order subgroup
+//! and `T` one of the eight torsion points. The cofactorless equation
+//! `[S]B = R + [k]A` also tests the torsion components of `R` and `A`, and a
+//! random-linear-combination batch check `Σ z_i([S_i]B - R_i - [k_i]A_i) = 0`
+//! cannot test them consistently: a torsion residue `T_i` is multiplied by
+//! `z_i`, and whether `Σ z_i·T_i` vanishes depends on the coefficients, i.e.
+//! on what else happened to be in the batch. Multiplying by the cofactor 8
+//! kills every torsion component, in the single check and in the batch alike,
+//! so the batch verdict is a function of each signature alone (ZIP-215's
+//! reasoning, and SPEC §1's rule): no node can reach a verdict that depends on
+//! how its pipeline grouped the operations. The canonical and small-order
+//! tests come on top of the equation, per item, in both paths.
+//!
+//! Signing is plain RFC 8032 (through `ed25519-dalek`); honest signatures
+//! pass every Ed25519 verifier, this one included.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use curve25519_dalek::constants::ED25519_BASEPOINT_POINT;
+use curve25519_dalek::edwards::{CompressedEdwardsY, EdwardsPoint};
+use curve25519_dalek::scalar::Scalar;
+use curve25519_dalek::traits::{IsIdentity, VartimeMultiscalarMul};
+use ed25519_dalek::{Signer, SigningKey};
+use sha2::{Digest, Sha512};
+
+/// An Ed25519 public key, as its 32-byte encoding (SPEC §2).
+pub type PublicKey = [u8; 32];
+
+/// Domain separation of the Fiat-Shamir transcript that derives the batch
+/// coefficients.
+const BATCH_TRANSCRIPT_DOMAIN: &[u8] = b"dagfold/sig/batch-coefficients/v1";
+
+/// SPEC §1 validity of `signature` by `public_key` over the 32-byte `message`
+/// (a `delta_id`): `S < L`; `A` and `R` canonical; neither of small order;
+/// cofactored equation `[8][S]B = [8]R + [8][k]A`, `k = SHA-512(R||A||M) mod L`.
+///
+/// The cofactored equation is used (rather than `[S]B = R + [k]A`) so that
+/// this verdict and the one of [`verify_batch`] agree on every input.
+pub fn verify(public_key: &[u8; 32], message: &[u8; 32], signature: &[u8; 64]) -> bool {
+    verify_message(public_key, message, signature)
+}
+
+/// [`verify`] for a message of any length (the protocol only signs 32-byte
+/// ids; this form exists for generic test suites such as Wycheproof).
+pub fn verify_message(public_key: &[u8; 32], message: &[u8], signature: &[u8; 64]) -> bool {
+    match Prepared::new(public_key, message, signature) {
+        Some(p) => cofactored_equation_holds(&p.minus_a, &p.r, &p.s, &p.k),
+        None => false,
+    }
+}
+
+/// Verdicts for many signatures at once: `result[i] == verify(items[i])` for
+/// every input, whatever else is in the batch. Items are
+/// `(public_key, message, signature)`.
+///
+/// Items that pass the per-item tests (`S < L`, canonical, not small order)
+/// are checked together by one cofactored random linear combination,
+/// `[8](Σ z_i([S_i]B - R_i - [k_i]A_i)) = 0`, computed as a single
+/// variable-time multiscalar multiplication. If it fails, the batch is
+/// bisected while the failures stay in one half, and falls back to single
+/// checks (on the already decoded points) where both halves fail. Because of
+/// the cofactor the combination of valid items is exactly the identity for
+/// any coefficients, so a valid signature is never rejected; an invalid one is
+/// accepted only if the coefficients happen to cancel its residue, which for
+/// a given batch happens with probability about 2^-128 (the coefficients are
+/// 128-bit and invertible modulo `L`).
+///
+/// The coefficients `z_i` are derived deterministically (Fiat-Shamir) from a
+/// SHA-512 hash of every item in the batch, so the engine stays deterministic
+/// and no one can choose an invalid signature's residue after seeing them.
+pub fn verify_batch(items: &[([u8; 32], [u8; 32], [u8; 64])]) -> Vec<bool> {
+    verify_batch_messages(items)
+}
+
+/// [`verify_batch`] for messages of any length: `result[i] ==
+/// verify_message(items[i])` for every input.
+pub fn verify_batch_messages<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> Vec<bool> {
+    let mut verdicts = vec![false; items.len()];
+    if items.len() == 1 {
+        let (pk, msg, sig) = &items[0];
+        verdicts[0] = verify_message(pk, msg.as_ref(), sig);
+        return verdicts;
+    }
+
+    let coefficients = batch_coefficients(items);
+
+    // Per-item tests. Keys are decoded once per distinct key, and the entries
+    // are sorted by key so that the signatures of one key form contiguous runs:
+    // any sub-range then folds each run into a single multiscalar term.
+    let mut key_slots: HashMap<[u8; 32], Option<usize>> = HashMap::new();
+    let mut minus_keys: Vec<EdwardsPoint> = Vec::new();
+    let mut entries: Vec<Entry> = Vec::with_capacity(items.len());
+    for (index, (pk, msg, sig)) in items.iter().enumerate() {
+        let slot = *key_slots.entry(*pk).or_insert_with(|| {
+            decode_point(pk).map(|a| {
+                minus_keys.push(-a);
+                minus_keys.len() - 1
+            })
+        });
+        let Some(key) = slot else { continue };
+        let Some((r, s)) = decode_r_and_s(sig) else {
+            continue;
+        };
+        let k = challenge(&sig[..32], pk, msg.as_ref());
+        entries.push(Entry {
+            index,
+            key,
+            r,
+            s,
+            k,
+            z: coefficients[index],
+        });
+    }
+    entries.sort_by_key(|e| e.key);
+
+    let batch = Batch {
+        entries: &entries,
+        minus_keys: &minus_keys,
+    };
+    let mut scratch = Scratch::default();
+    if batch.holds(0..entries.len(), &mut scratch) {
+        for e in &entries {
+            verdicts[e.index] = true;
+        }
+    } else {
+        batch.isolate(0..entries.len(), &mut verdicts, &mut scratch);
+    }
+    verdicts
+}
+
+/// Sign a 32-byte message with a 32-byte Ed25519 seed (RFC 8032), for tools
+/// and tests.
+pub fn sign(seed: &[u8; 32], message: &[u8; 32]) -> [u8; 64] {
+    SigningKey::from_bytes(seed).sign(message).to_bytes()
+}
+
+/// The Ed25519 public key of a 32-byte seed (RFC 8032).
+pub fn public_key_from_seed(seed: &[u8; 32]) -> [u8; 32] {
+    SigningKey::from_bytes(seed).verifying_key().to_bytes()
+}
+
+/// The canonical-encoding test of SPEC §1, decided on the bytes alone: true
+/// iff decompressing `bytes` (when it decodes) and compressing the point again
+/// would give back `bytes`.
+///
+/// Decompression reads `y` from the low 255 bits modulo `p = 2^255 - 19` and
+/// gives `x` the parity of the sign bit, except that `x = 0` has no negative.
+/// So the round trip changes the bytes exactly when `y >= p`, or when the sign
+/// bit is set on a point with `x = 0`, i.e. `y = 1` (the identity) or
+/// `y = p - 1` (the point of order 2). This saves the field inversion of a
+/// compression per point; `tests/signatures.rs` checks the equivalence.
+pub fn is_canonical_encoding(bytes: &[u8; 32]) -> bool {
+    // The low 255 bits are p + c for some 0 <= c < 19, or equal p - 1, only
+    // if bits 8..255 are all ones.
+    let high_all_ones = bytes[1..31].iter().all(|&b| b == 0xff) && bytes[31] & 0x7f == 0x7f;
+    // y >= p = 0x7fff..ffed
+    if high_all_ones && bytes[0] >= 0xed {
+        return false;
+    }
+    if bytes[31] & 0x80 != 0 {
+        let y_is_one = bytes[0] == 1 && bytes[1..31].iter().all(|&b| b == 0) && bytes[31] == 0x80;
+        let y_is_minus_one = high_all_ones && bytes[0] == 0xec;
+        if y_is_one || y_is_minus_one {
+            return false;
+        }
+    }
+    true
+}
+
+/// Decode a point that passes the encoding tests of SPEC §1: it decompresses,
+/// its encoding is canonical, and it is not of small order.
+fn decode_point(bytes: &[u8; 32]) -> Option<EdwardsPoint> {
+    if !is_canonical_encoding(bytes) {
+        return None;
+    }
+    let point = CompressedEdwardsY(*bytes).decompress()?;
+    if point.is_small_order() {
+        return None;
+    }
+    Some(point)
+}
+
+/// `R` (decoded per [`decode_point`]) and `S` (`< L`) of a signature.
+fn decode_r_and_s(signature: &[u8; 64]) -> Option<(EdwardsPoint, Scalar)> {
+    let mut s_bytes = [0u8; 32];
+    s_bytes.copy_from_slice(&signature[32..]);
+    let s = Option::<Scalar>::from(Scalar::from_canonical_bytes(s_bytes))?;
+    let mut r_bytes = [0u8; 32];
+    r_bytes.copy_from_slice(&signature[..32]);
+    let r = decode_point(&r_bytes)?;
+    Some((r, s))
+}
+
+/// `k = SHA-512(R || A || M) mod L`, over the encodings as received.
+fn challenge(r_bytes: &[u8], public_key: &[u8; 32], message: &[u8]) -> Scalar {
+    let mut h = Sha512::new();
+    h.update(r_bytes);
+    h.update(public_key);
+    h.update(message);
+    Scalar::from_hash(h)
+}
+
+/// `[8]([S]B - [k]A - R) == identity`, given `-A`.
+fn cofactored_equation_holds(
+    minus_a: &EdwardsPoint,
+    r: &EdwardsPoint,
+    s: &Scalar,
+    k: &Scalar,
+) -> bool {
+    // [k](-A) + [S]B, with the precomputed basepoint table.
+    let sb_minus_ka = EdwardsPoint::vartime_double_scalar_mul_basepoint(k, minus_a, s);
+    (sb_minus_ka - r).mul_by_cofactor().is_identity()
+}
+
+/// One signature that passed the per-item tests, ready for the equation.
+struct Prepared {
+    minus_a: EdwardsPoint,
+    r: EdwardsPoint,
+    s: Scalar,
+    k: Scalar,
+}
+
+impl Prepared {
+    fn new(public_key: &[u8; 32], message: &[u8], signature: &[u8; 64]) -> Option<Self> {
+        let (r, s) = decode_r_and_s(signature)?;
+        let a = decode_point(public_key)?;
+        let k = challenge(&signature[..32], public_key, message);
+        Some(Prepared {
+            minus_a: -a,
+            r,
+            s,
+            k,
+        })
+    }
+}
+
+/// The 128-bit coefficients `z_i`, one per item, derived from a SHA-512 hash
+/// of the whole batch: `seed = SHA-512(domain || n || for each item:
+/// A || R || S || len(M) || M)`, then `SHA-512(seed || j)` (`j` a u64 block
+/// counter) gives the coefficients of items `4j..4j+4`, 16 bytes each, read
+/// little-endian. A zero coefficient (probability 2^-128) is replaced by 1,
+/// so every coefficient is invertible modulo `L`.
+fn batch_coefficients<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> Vec<Scalar> {
+    let mut transcript = Sha512::new();
+    transcript.update(BATCH_TRANSCRIPT_DOMAIN);
+    transcript.update((items.len() as u64).to_le_bytes());
+    for (pk, msg, sig) in items {
+        let msg = msg.as_ref();
+        transcript.update(pk);
+        transcript.update(sig);
+        transcript.update((msg.len() as u64).to_le_bytes());
+        transcript.update(msg);
+    }
+    let seed = transcript.finalize();
+
+    let mut coefficients = Vec::with_capacity(items.len());
+    for block in 0..items.len().div_ceil(4) as u64 {
+        let mut h = Sha512::new();
+        h.update(seed);
+        h.update(block.to_le_bytes());
+        let out = h.finalize();
+        for chunk in out.chunks_exact(16) {
+            if coefficients.len() == items.len() {
+                break;
+            }
+            let mut bytes = [0u8; 32];
+            bytes[..16].copy_from_slice(chunk);
+            if bytes == [0u8; 32] {
+                bytes[0] = 1;
+            }
+            coefficients.push(Scalar::from_bytes_mod_order(bytes));
+        }
+    }
+    coefficients
+}
+
+/// A batch entry: an item that passed the per-item tests.
+struct Entry {
+    /// Position of the item in the caller's slice.
+    index: usize,
+    /// Slot of its key in [`Batch::minus_keys`].
+    key: usize,
+    r: EdwardsPoint,
+    s: Scalar,
+    k: Scalar,
+    /// Its coefficient in the random linear combination.
+    z: Scalar,
+}
+
+/// Reusable buffers for the multiscalar multiplications of one batch.
+#[derive(Default)]
+struct Scratch {
+    scalars: Vec<Scalar>,
+    points: Vec<EdwardsPoint>,
+}
+
+/// Entries sorted by key slot, and the negated decoded keys.
+struct Batch<'a> {
+    entries: &'a [Entry],
+    minus_keys: &'a [EdwardsPoint],
+}
+
+impl Batch<'_> {
+    /// Whether the cofactored combination over `range` is the identity:
+    /// `[8]([Σ z_i S_i]B + Σ_keys [Σ z_i k_i](-A) + Σ [-z_i]R_i) == 0`.
+    ///
+    /// For one entry this is exactly its single check (its `z` is invertible
+    /// modulo `L`, and `[8]` of the residue lies in the prime-order subgroup),
+    /// so the cheaper double-base multiplication is used.
+    fn holds(&self, range: Range<usize>, scratch: &mut Scratch) -> bool {
+        let entries = &self.entries[range];
+        match entries {
+            [] => return true,
+            [e] => return cofactored_equation_holds(&self.minus_keys[e.key], &e.r, &e.s, &e.k),
+            _ => {}
+        }
+        let Scratch { scalars, points } = scratch;
+        scalars.clear();
+        points.clear();
+
+        // The basepoint term, combined into one coefficient.
+        let mut b_coefficient = Scalar::ZERO;
+        for e in entries {
+            b_coefficient += e.z * e.s;
+            scalars.push(-e.z);
+            points.push(e.r);
+        }
+        scalars.push(b_coefficient);
+        points.push(ED25519_BASEPOINT_POINT);
+
+        // One term per run of entries that share a key.
+        let mut run = entries[0].key;
+        let mut a_coefficient = Scalar::ZERO;
+        for e in entries {
+            if e.key != run {
+                scalars.push(a_coefficient);
+                points.push(self.minus_keys[run]);
+                run = e.key;
+                a_coefficient = Scalar::ZERO;
+            }
+            a_coefficient += e.z * e.k;
+        }
+        scalars.push(a_coefficient);
+        points.push(self.minus_keys[run]);
+
+        EdwardsPoint::vartime_multiscalar_mul(scalars.iter(), points.iter())
+            .mul_by_cofactor()
+            .is_identity()
+    }
+
+    /// Settle the verdicts of a range whose combined check is known to fail.
+    ///
+    /// Bisect while the failures stay on one side: the residues add up (the
+    /// check is linear), so when one half holds, the other is known to fail
+    /// without checking it, and a failing single entry is invalid. A range
+    /// holding one invalid signature is thus settled in about `log2(n)`
+    /// shrinking checks. When both halves fail the range holds several
+    /// invalid signatures, bisection would cost more than it saves, and the
+    /// entries of both halves get single checks (reusing their decoded
+    /// points). So a batch full of invalid signatures costs about one
+    /// combined check of each level visited plus the single checks, never
+    /// the `n log n` of a full bisection.
+    fn isolate(&self, range: Range<usize>, verdicts: &mut [bool], scratch: &mut Scratch) {
+        if range.len() <= 1 {
+            return; // a failing single entry: its verdict stays false
+        }
+        let mid = range.start + range.len() / 2;
+        let (left, right) = (range.start..mid, mid..range.end);
+        if self.holds(left.clone(), scratch) {
+            self.accept(left, verdicts);
+            self.isolate(right, verdicts, scratch);
+        } else if self.holds(right.clone(), scratch) {
+            self.accept(right, verdicts);
+            self.isolate(left, verdicts, scratch);
+        } else {
+            // A failing half of one entry is invalid already.
+            for half in [left, right].into_iter().filter(|h| h.len() > 1) {
+                for e in &self.entries[half] {
+                    verdicts[e.index] =
+                        cofactored_equation_holds(&self.minus_keys[e.key], &e.r, &e.s, &e.k);
+                }
+            }
+        }
+    }
+
+    fn accept(&self, range: Range<usize>, verdicts: &mut [bool]) {
+        for e in &self.entries[range] {
+            verdicts[e.index] = true;
+        }
+    }
+}

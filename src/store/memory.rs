@@ -1,0 +1,69 @@
+//! An in-memory store: the model for tests, and a backend for benchmarks of
+//! the engine alone. It can be told to fail a write (fault injection).
+
+use std::collections::BTreeMap;
+
+use super::{Store, StoreError};
+use crate::core::{Cf, TableScan, Write};
+
+#[derive(Default, Clone)]
+pub struct MemStore {
+    tables: BTreeMap<&'static str, BTreeMap<Vec<u8>, Vec<u8>>>,
+    /// Fail the write after this many more succeed.
+    pub fail_after_writes: Option<u64>,
+    failed: Option<String>,
+    pub writes: u64,
+}
+
+impl MemStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn table(&self, cf: Cf) -> Option<&BTreeMap<Vec<u8>, Vec<u8>>> {
+        self.tables.get(cf.name())
+    }
+}
+
+impl TableScan for MemStore {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) {
+        if let Some(t) = self.tables.get(cf.name()) {
+            for (k, v) in t {
+                f(k, v);
+            }
+        }
+    }
+}
+
+impl Store for MemStore {
+    fn write(&mut self, writes: &[Write], _sync: bool) -> Result<(), StoreError> {
+        if let Some(why) = &self.failed {
+            return Err(StoreError::Refusing(why.clone()));
+        }
+        if let Some(n) = self.fail_after_writes.as_mut() {
+            if *n == 0 {
+                self.failed = Some("injected write failure".into());
+                return Err(StoreError::Injected("write failure"));
+            }
+            *n -= 1;
+        }
+        for w in writes {
+            match w {
+                Write::Put(cf, k, v) => {
+                    self.tables.entry(cf.name()).or_default().insert(k.clone(), v.clone());
+                }
+                Write::Delete(cf, k) => {
+                    if let Some(t) = self.tables.get_mut(cf.name()) {
+                        t.remove(k);
+                    }
+                }
+            }
+        }
+        self.writes += 1;
+        Ok(())
+    }
+
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.tables.get(cf.name()).and_then(|t| t.get(key).cloned()))
+    }
+}

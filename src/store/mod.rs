@@ -1,0 +1,51 @@
+//! Storage: the `Store` trait, its RocksDB adapter (one column family per
+//! table, one atomic write batch per commit) and an in-memory model.
+//!
+//! After a failed write a store refuses every later write (redb's rule): the
+//! in-memory engine has moved past what is on disk, and only a reopen, which
+//! rebuilds the engine from disk, brings the two back together.
+
+pub mod memory;
+pub mod rocks;
+
+use crate::core::{Cf, TableScan, Write};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    #[error("the store refuses writes after an earlier failure ({0}); restart the node")]
+    Refusing(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("injected fault: {0}")]
+    Injected(&'static str),
+}
+
+pub trait Store: TableScan + Send {
+    /// Writes all of `writes` atomically; with `sync` the WAL is on disk
+    /// before this returns.
+    fn write(&mut self, writes: &[Write], sync: bool) -> Result<(), StoreError>;
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Bytes on disk (0 for the in-memory model).
+    fn disk_bytes(&self) -> u64 {
+        0
+    }
+}
+
+/// The node identity, created on first use and kept in the store.
+pub fn load_or_create_identity(store: &mut dyn Store) -> Result<crate::core::Identity, StoreError> {
+    use crate::core::{Identity, META_IDENTITY};
+    if let Some(bytes) = store.get(Cf::Meta, META_IDENTITY)? {
+        return Ok(Identity::decode(&bytes).expect("stored identity is 64 bytes"));
+    }
+    use rand::RngCore;
+    let mut seed = [0u8; 32];
+    let mut kem = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut seed);
+    rand::rngs::OsRng.fill_bytes(&mut kem);
+    let id = Identity::from_secrets(seed, kem);
+    store.write(&[Write::Put(Cf::Meta, META_IDENTITY.to_vec(), id.encode())], true)?;
+    Ok(id)
+}

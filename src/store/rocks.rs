@@ -1,0 +1,142 @@
+//! The RocksDB adapter: one column family per table of `core::Cf`, one
+//! `WriteBatch` per commit, the WAL synced per batch in durable mode.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+
+use super::{Store, StoreError};
+use crate::core::{Cf, TableScan, Write};
+
+pub struct RocksStore {
+    db: Arc<DB>,
+    failed: Option<String>,
+    path: std::path::PathBuf,
+}
+
+impl RocksStore {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(path)?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        // Two cores (NUMBERS.md): one flush and one compaction at a time.
+        opts.increase_parallelism(2);
+        opts.set_max_background_jobs(2);
+        // 64 MiB memtables: a few seconds of full-rate ingest each.
+        opts.set_write_buffer_size(64 << 20);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let cfs: Vec<ColumnFamilyDescriptor> = Cf::ALL
+            .iter()
+            .map(|cf| {
+                let mut o = Options::default();
+                o.set_write_buffer_size(if matches!(cf, Cf::Ops | Cf::Projection) { 64 << 20 } else { 16 << 20 });
+                o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+                ColumnFamilyDescriptor::new(cf.name(), o)
+            })
+            .collect();
+        let db = DB::open_cf_descriptors(&opts, path, cfs)?;
+        Ok(RocksStore { db: Arc::new(db), failed: None, path: path.to_path_buf() })
+    }
+
+    fn cf(&self, cf: Cf) -> &rocksdb::ColumnFamily {
+        self.db.cf_handle(cf.name()).expect("every column family is opened")
+    }
+
+    /// A read handle that other threads may use while this store writes
+    /// (RocksDB reads are safe concurrently with writes).
+    pub fn reader(&self) -> StoreReader {
+        StoreReader { db: self.db.clone() }
+    }
+
+    pub fn flush(&self) -> Result<(), StoreError> {
+        for cf in Cf::ALL {
+            self.db.flush_cf(self.cf(cf))?;
+        }
+        self.db.flush_wal(true)?;
+        Ok(())
+    }
+}
+
+impl TableScan for RocksStore {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) {
+        for item in self.db.iterator_cf(self.cf(cf), IteratorMode::Start) {
+            let (k, v) = item.expect("reading the store at open");
+            f(&k, &v);
+        }
+    }
+}
+
+impl Store for RocksStore {
+    fn write(&mut self, writes: &[Write], sync: bool) -> Result<(), StoreError> {
+        if let Some(why) = &self.failed {
+            return Err(StoreError::Refusing(why.clone()));
+        }
+        let mut batch = WriteBatch::default();
+        for w in writes {
+            match w {
+                Write::Put(cf, k, v) => batch.put_cf(self.cf(*cf), k, v),
+                Write::Delete(cf, k) => batch.delete_cf(self.cf(*cf), k),
+            }
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        if let Err(e) = self.db.write_opt(batch, &wo) {
+            self.failed = Some(e.to_string());
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.db.get_cf(self.cf(cf), key)?)
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        fn walk(p: &Path) -> u64 {
+            let Ok(rd) = std::fs::read_dir(p) else { return 0 };
+            rd.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => walk(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        }
+        walk(&self.path)
+    }
+}
+
+/// Concurrent reads of committed data: ops for sync, events for
+/// subscriptions.
+#[derive(Clone)]
+pub struct StoreReader {
+    db: Arc<DB>,
+}
+
+impl StoreReader {
+    pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let h = self.db.cf_handle(cf.name()).expect("every column family is opened");
+        Ok(self.db.get_cf(h, key)?)
+    }
+
+    /// Events of `scope` with sequence numbers in `from..=to`, at most `max`.
+    pub fn events(&self, scope: &[u8; 32], from: u64, to: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        let h = self.db.cf_handle(Cf::Events.name()).expect("every column family is opened");
+        let start = [scope.as_slice(), &from.to_be_bytes()].concat();
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(h, IteratorMode::From(&start, rocksdb::Direction::Forward)) {
+            let (k, v) = item?;
+            if k.len() != 40 || &k[..32] != scope.as_slice() {
+                break;
+            }
+            let seq = u64::from_be_bytes(k[32..].try_into().unwrap());
+            if seq > to || out.len() >= max {
+                break;
+            }
+            out.push((seq, v.to_vec()));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,604 @@
+//! The QUIC transport and the admin server, over loopback (127.0.0.1, port 0).
+//! Every wait is bounded by `WAIT` or a shorter, named timeout.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use dagfold::admin::{self, StatusSource};
+use dagfold::net::frame::{read_frame, FrameError};
+use dagfold::net::server::ConfigError;
+use dagfold::net::{
+    client_endpoint, connect, make_endpoint, open_bi, run_server, send_frames_uni, tls, FrameDecoder, Inbound,
+    ServerConfig, ERR_MALFORMED,
+};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use quinn::{Connection, Endpoint, VarInt};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+
+/// The bound on any single wait in these tests: generous for a loaded CI
+/// machine, short enough that a hang fails fast.
+const WAIT: Duration = Duration::from_secs(10);
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// One recorder for the whole test binary (metrics recorders are global);
+/// tests run in parallel, so they assert counters only grow.
+fn metrics() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().expect("install the recorder"))
+}
+
+/// Value of one counter line in Prometheus text, 0 when absent.
+fn counter_value(text: &str, series: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| line.strip_prefix(series))
+        .filter_map(|rest| rest.strip_prefix(' '))
+        .filter_map(|value| value.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .next()
+        .unwrap_or(0)
+}
+
+/// Accepts frames whose first byte is 0; counts every decode it accepts.
+#[derive(Default)]
+struct ZeroFirst {
+    decoded: AtomicU64,
+}
+
+impl FrameDecoder for ZeroFirst {
+    type Item = Vec<u8>;
+    fn decode(&self, frame: &[u8]) -> Result<Vec<u8>, ()> {
+        if frame.first() == Some(&0) {
+            self.decoded.fetch_add(1, Ordering::SeqCst);
+            Ok(frame.to_vec())
+        } else {
+            Err(())
+        }
+    }
+}
+
+struct TestServer {
+    addr: SocketAddr,
+    items: mpsc::Receiver<Inbound<Vec<u8>>>,
+    decoder: Arc<ZeroFirst>,
+    cfg: ServerConfig,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<Result<(), ConfigError>>,
+    _tls_dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    async fn start(cfg: ServerConfig, channel_capacity: usize) -> TestServer {
+        let tls_dir = tempfile::tempdir().expect("tempdir");
+        let cfg = ServerConfig { listen: loopback(), ..cfg };
+        let endpoint = make_endpoint(&cfg, tls_dir.path()).expect("make_endpoint");
+        let addr = endpoint.local_addr().expect("local addr");
+        let decoder = Arc::new(ZeroFirst::default());
+        let (tx, items) = mpsc::channel(channel_capacity);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let task = tokio::spawn(run_server(endpoint, cfg.clone(), decoder.clone(), tx, shutdown_rx));
+        TestServer { addr, items, decoder, cfg, shutdown, task, _tls_dir: tls_dir }
+    }
+
+    async fn client(&self) -> (Endpoint, Connection) {
+        let endpoint = client_endpoint(loopback(), &self.cfg).expect("client endpoint");
+        let conn = timeout(WAIT, connect(&endpoint, self.addr)).await.expect("connect in time").expect("connect");
+        (endpoint, conn)
+    }
+
+    async fn next(&mut self) -> Inbound<Vec<u8>> {
+        timeout(WAIT, self.items.recv()).await.expect("an item in time").expect("server running")
+    }
+
+    async fn stop(self) {
+        self.shutdown.send(true).expect("server listening for shutdown");
+        let done = timeout(WAIT, self.task).await.expect("server stops in time");
+        done.expect("server task did not panic").expect("valid config");
+    }
+}
+
+/// A frame the decoder accepts: `[0, tag...]`.
+fn good(tag: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(tag);
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_from_many_connections_and_streams_arrive_in_order_per_stream() {
+    const CONNECTIONS: u8 = 3;
+    const FRAMES_PER_STREAM: u8 = 20;
+    let mut server = TestServer::start(ServerConfig::default(), 16).await;
+
+    let mut clients = Vec::new();
+    let mut senders = Vec::new();
+    for c in 0..CONNECTIONS {
+        let (endpoint, conn) = server.client().await;
+        // Two uni streams and one bi stream per connection; a frame is
+        // [0, connection, stream, sequence].
+        for s in 0..2u8 {
+            let conn = conn.clone();
+            senders.push(tokio::spawn(async move {
+                let frames: Vec<Vec<u8>> = (0..FRAMES_PER_STREAM).map(|i| good(&[c, s, i])).collect();
+                send_frames_uni(&conn, frames).await.expect("uni frames acknowledged");
+            }));
+        }
+        let bi_conn = conn.clone();
+        senders.push(tokio::spawn(async move {
+            let (mut writer, _reader) = open_bi(&bi_conn).await.expect("open bi");
+            for i in 0..FRAMES_PER_STREAM {
+                writer.write(&good(&[c, 2, i])).await.expect("bi write");
+            }
+            writer.finish().expect("finish");
+            writer.send_stream().stopped().await.expect("bi frames acknowledged");
+        }));
+        clients.push((endpoint, conn));
+    }
+
+    let total = usize::from(CONNECTIONS) * 3 * usize::from(FRAMES_PER_STREAM);
+    let mut per_stream: BTreeMap<(u8, u8), Vec<u8>> = BTreeMap::new();
+    let mut conn_ids: BTreeMap<u8, u64> = BTreeMap::new();
+    for _ in 0..total {
+        let inbound = server.next().await;
+        let [zero, c, s, i] = inbound.item[..] else { panic!("unexpected item {:?}", inbound.item) };
+        assert_eq!(zero, 0);
+        assert_eq!(inbound.reply.is_some(), s == 2, "replies exist exactly for the bi stream");
+        assert!(inbound.remote.ip().is_loopback());
+        // Every frame of one client connection carries the same conn_id, and
+        // different connections different ones.
+        let id = *conn_ids.entry(c).or_insert(inbound.conn_id);
+        assert_eq!(id, inbound.conn_id);
+        per_stream.entry((c, s)).or_default().push(i);
+    }
+    let distinct: std::collections::BTreeSet<u64> = conn_ids.values().copied().collect();
+    assert_eq!(distinct.len(), usize::from(CONNECTIONS));
+    assert_eq!(per_stream.len(), usize::from(CONNECTIONS) * 3);
+    let expected: Vec<u8> = (0..FRAMES_PER_STREAM).collect();
+    for (stream, seqs) in &per_stream {
+        assert_eq!(seqs, &expected, "stream {stream:?} in order");
+    }
+    for sender in senders {
+        timeout(WAIT, sender).await.expect("sender done in time").expect("sender ok");
+    }
+    drop(clients);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_frame_stops_only_its_stream() {
+    let metrics = metrics();
+    let mut server = TestServer::start(ServerConfig::default(), 16).await;
+    let (_endpoint, conn) = server.client().await;
+
+    // A healthy bi stream that keeps delivering throughout.
+    let (mut healthy, _healthy_replies) = open_bi(&conn).await.expect("open bi");
+    healthy.write(&good(b"before")).await.expect("write");
+    assert_eq!(server.next().await.item, good(b"before"));
+
+    // A uni stream: one good frame, then one the decoder rejects.
+    let mut bad = conn.open_uni().await.expect("open uni");
+    dagfold::net::write_frame(&mut bad, &good(b"ok")).await.expect("write");
+    dagfold::net::write_frame(&mut bad, &[1, 2, 3]).await.expect("write");
+    assert_eq!(server.next().await.item, good(b"ok"));
+    let stopped = timeout(WAIT, bad.stopped()).await.expect("stopped in time").expect("connection alive");
+    assert_eq!(stopped, Some(VarInt::from_u32(ERR_MALFORMED)));
+
+    // The same connection, and its other stream, go on.
+    healthy.write(&good(b"after")).await.expect("write");
+    assert_eq!(server.next().await.item, good(b"after"));
+    send_frames_uni(&conn, [good(b"new stream")]).await.expect("a new stream works");
+    assert_eq!(server.next().await.item, good(b"new stream"));
+
+    // A truncated frame (the stream ends inside the content) delivers
+    // nothing and is counted.
+    let mut truncated = conn.open_uni().await.expect("open uni");
+    truncated.write_all(&10u32.to_le_bytes()).await.expect("write");
+    truncated.write_all(&[0, 1, 2]).await.expect("write");
+    truncated.finish().expect("finish");
+    let _ = timeout(WAIT, truncated.stopped()).await.expect("acknowledged in time");
+    healthy.write(&good(b"last")).await.expect("write");
+    assert_eq!(server.next().await.item, good(b"last"), "nothing from the truncated frame came first");
+
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let text = metrics.render();
+        let decode = counter_value(&text, "dagfold_net_frames_malformed_total{reason=\"decode\"}");
+        let truncated = counter_value(&text, "dagfold_net_frames_malformed_total{reason=\"truncated\"}");
+        if decode >= 1 && truncated >= 1 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "malformed frames counted by reason:\n{text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_length_is_refused_from_the_prefix_alone() {
+    let metrics = metrics();
+    let mut server = TestServer::start(ServerConfig::default(), 16).await;
+    let (_endpoint, conn) = server.client().await;
+
+    // Only the prefix is sent and the stream stays open: had the server
+    // tried to allocate and read 4 GiB it would still be waiting. The stop
+    // proves it decided from the prefix, before allocating.
+    let mut send = conn.open_uni().await.expect("open uni");
+    send.write_all(&u32::MAX.to_le_bytes()).await.expect("write prefix");
+    let stopped = timeout(WAIT, send.stopped()).await.expect("stopped in time").expect("connection alive");
+    assert_eq!(stopped, Some(VarInt::from_u32(ERR_MALFORMED)));
+
+    // One byte over the SPEC limit is refused the same way.
+    let mut send = conn.open_uni().await.expect("open uni");
+    send.write_all(&(1_048_576u32 + 1).to_le_bytes()).await.expect("write prefix");
+    let stopped = timeout(WAIT, send.stopped()).await.expect("stopped in time").expect("connection alive");
+    assert_eq!(stopped, Some(VarInt::from_u32(ERR_MALFORMED)));
+
+    // A frame exactly at the limit is fine, on the same connection.
+    let mut largest = good(b"");
+    largest.resize(1_048_576, 7);
+    send_frames_uni(&conn, [largest.clone()]).await.expect("largest frame");
+    assert_eq!(server.next().await.item, largest);
+
+    let text = metrics.render();
+    assert!(counter_value(&text, "dagfold_net_frames_malformed_total{reason=\"oversize\"}") >= 2, "{text}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_on_a_bi_stream_reach_the_client() {
+    let mut server = TestServer::start(ServerConfig::default(), 16).await;
+    let (_endpoint, conn) = server.client().await;
+
+    let (mut writer, mut reader) = open_bi(&conn).await.expect("open bi");
+    writer.write(&good(b"ping")).await.expect("write");
+    writer.finish().expect("finish");
+
+    let inbound = server.next().await;
+    assert_eq!(inbound.item, good(b"ping"));
+    let reply = inbound.reply.expect("a reply handle on a bi stream");
+    reply.send(b"pong 1".to_vec()).await.expect("send");
+    reply.try_send(Vec::new()).expect("an empty frame is valid framing");
+    reply.clone().send(b"pong 2".to_vec()).await.expect("send from a clone");
+    drop(reply);
+
+    let mut replies = Vec::new();
+    // The server finishes the stream once every handle is gone.
+    while let Some(frame) = timeout(WAIT, reader.read()).await.expect("reply in time").expect("read reply") {
+        replies.push(frame);
+    }
+    assert_eq!(replies, vec![b"pong 1".to_vec(), Vec::new(), b"pong 2".to_vec()]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_channel_pushes_back_on_the_sender() {
+    const FRAME_BYTES: usize = 1024;
+    const STREAM_WINDOW_BYTES: u32 = 64 * 1024;
+    // Small windows so flow control bites quickly and the bound is tight.
+    let cfg = ServerConfig {
+        stream_receive_window_bytes: STREAM_WINDOW_BYTES,
+        connection_receive_window_bytes: 2 * STREAM_WINDOW_BYTES,
+        ..ServerConfig::default()
+    };
+    // Capacity 1, and nobody drains it (yet).
+    let mut server = TestServer::start(cfg, 1).await;
+    let (_endpoint, conn) = server.client().await;
+    let (mut writer, _reader) = open_bi(&conn).await.expect("open bi");
+
+    let mut frame = good(b"");
+    frame.resize(FRAME_BYTES, 0xaa);
+    // Far more than the window holds: if the server buffered without bound,
+    // every write would complete.
+    const FRAMES_OFFERED: usize = 10_000;
+    const WRITE_BLOCKED_AFTER: Duration = Duration::from_millis(500);
+    let mut written = 0usize;
+    while written < FRAMES_OFFERED {
+        match timeout(WRITE_BLOCKED_AFTER, writer.write(&frame)).await {
+            Ok(result) => result.expect("write"),
+            Err(_blocked) => break,
+        }
+        written += 1;
+    }
+    // What can be in flight: the stream window, and the frames the server
+    // holds (one in the channel, one waiting to enter it), plus slack for a
+    // window update racing the last frames.
+    let in_flight_max = STREAM_WINDOW_BYTES as usize / FRAME_BYTES + 2 + 16;
+    assert!(written < in_flight_max, "the writer blocked after {written} frames (bound {in_flight_max})");
+
+    // The server took exactly what its channel and stream task hold.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let decoded = server.decoder.decoded.load(Ordering::SeqCst);
+    assert!(decoded <= 2, "the server decoded {decoded} frames with a channel of capacity 1");
+
+    // Draining the channel lets the writer go on.
+    let pending_write = tokio::spawn(async move {
+        writer.write(&frame).await.expect("write after draining");
+        writer
+    });
+    for _ in 0..=written {
+        let item = server.next().await;
+        assert_eq!(item.item.len(), FRAME_BYTES);
+    }
+    let _writer = timeout(WAIT, pending_write).await.expect("the write completes once drained").expect("task");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_refused() {
+    let cfg = ServerConfig { connections_max: 1, ..ServerConfig::default() };
+    let mut server = TestServer::start(cfg, 16).await;
+    let (first_endpoint, first) = server.client().await;
+    send_frames_uni(&first, [good(b"first")]).await.expect("first connection works");
+    assert_eq!(server.next().await.item, good(b"first"));
+
+    let second = client_endpoint(loopback(), &server.cfg).expect("endpoint");
+    let refused = timeout(WAIT, connect(&second, server.addr)).await.expect("answer in time");
+    assert!(refused.is_err(), "a second connection is refused at connections_max = 1");
+
+    // Once the first closes, its slot is free again.
+    first.close(VarInt::from_u32(0), b"done");
+    drop(first_endpoint);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let conn = loop {
+        if let Ok(Ok(conn)) = timeout(WAIT, connect(&second, server.addr)).await {
+            break conn;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    send_frames_uni(&conn, [good(b"third")]).await.expect("works after the slot is freed");
+    assert_eq!(server.next().await.item, good(b"third"));
+    server.stop().await;
+}
+
+/// Framing edge cases, read directly off streams of a raw connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framing_edge_cases() {
+    let tls_dir = tempfile::tempdir().expect("tempdir");
+    let cfg = ServerConfig { listen: loopback(), ..ServerConfig::default() };
+    let server = make_endpoint(&cfg, tls_dir.path()).expect("server endpoint");
+    let addr = server.local_addr().expect("addr");
+    let client = client_endpoint(loopback(), &cfg).expect("client endpoint");
+    let accept = tokio::spawn(async move {
+        let incoming = server.accept().await.expect("incoming");
+        (server, incoming.await.expect("handshake"))
+    });
+    let conn = timeout(WAIT, connect(&client, addr)).await.expect("in time").expect("connect");
+    let (_server, server_conn) = timeout(WAIT, accept).await.expect("in time").expect("accept");
+
+    // Each case: raw bytes, whether to finish or reset, max_len, then the
+    // frames read and the final outcome.
+    enum End {
+        Finish,
+        Reset(u32),
+    }
+    struct Case {
+        bytes: Vec<u8>,
+        end: End,
+        max_len: u32,
+        frames: Vec<Vec<u8>>,
+        last: fn(&Result<Option<Vec<u8>>, FrameError>) -> bool,
+    }
+    let frame = |content: &[u8]| {
+        let mut bytes = (content.len() as u32).to_le_bytes().to_vec();
+        bytes.extend_from_slice(content);
+        bytes
+    };
+    let cases = vec![
+        Case { bytes: vec![], end: End::Finish, max_len: 16, frames: vec![], last: |r| matches!(r, Ok(None)) },
+        Case {
+            bytes: [frame(b""), frame(b"ab")].concat(),
+            end: End::Finish,
+            max_len: 16,
+            frames: vec![vec![], b"ab".to_vec()],
+            last: |r| matches!(r, Ok(None)),
+        },
+        Case {
+            bytes: frame(&[9; 16]),
+            end: End::Finish,
+            max_len: 16,
+            frames: vec![vec![9; 16]],
+            last: |r| matches!(r, Ok(None)),
+        },
+        Case {
+            bytes: frame(&[9; 17]),
+            end: End::Finish,
+            max_len: 16,
+            frames: vec![],
+            last: |r| matches!(r, Err(FrameError::Oversize { len: 17, max: 16 })),
+        },
+        Case {
+            bytes: vec![1, 0],
+            end: End::Finish,
+            max_len: 16,
+            frames: vec![],
+            last: |r| matches!(r, Err(FrameError::Truncated { expected: 4, got: 2 })),
+        },
+        Case {
+            bytes: [frame(b"ok"), vec![5, 0, 0, 0, 1, 2]].concat(),
+            end: End::Finish,
+            max_len: 16,
+            frames: vec![b"ok".to_vec()],
+            last: |r| matches!(r, Err(FrameError::Truncated { expected: 5, got: 2 })),
+        },
+        Case {
+            bytes: frame(b"ok"),
+            end: End::Reset(77),
+            max_len: 16,
+            frames: vec![],
+            // A reset may overtake data still in flight, so whether "ok"
+            // arrives first is not fixed; the reset code is.
+            last: |r| matches!(r, Err(FrameError::Reset(code)) if code.into_inner() == 77),
+        },
+    ];
+    for (n, case) in cases.into_iter().enumerate() {
+        let mut send = conn.open_uni().await.expect("open uni");
+        send.write_all(&case.bytes).await.expect("write");
+        // A stream with no bytes is only seen by the peer once finished.
+        match case.end {
+            End::Finish => send.finish().expect("finish"),
+            End::Reset(code) => {
+                // Let the data go out first, so the peer sees the stream.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                send.reset(VarInt::from_u32(code)).expect("reset");
+            }
+        }
+        let mut recv = timeout(WAIT, server_conn.accept_uni()).await.expect("in time").expect("accept uni");
+        let mut frames = Vec::new();
+        let last = loop {
+            let result = timeout(WAIT, read_frame(&mut recv, case.max_len)).await.expect("read in time");
+            match result {
+                Ok(Some(frame)) => frames.push(frame),
+                other => break other,
+            }
+        };
+        assert!((case.last)(&last), "case {n}: ended with {last:?}");
+        if !matches!(case.end, End::Reset(_)) {
+            assert_eq!(frames, case.frames, "case {n}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_certificate_persists_across_endpoints() {
+    let tls_dir = tempfile::tempdir().expect("tempdir");
+    let cfg = ServerConfig { listen: loopback(), ..ServerConfig::default() };
+    let read = |dir: &Path| {
+        (
+            std::fs::read(dir.join(tls::CERT_FILE)).expect("cert.der"),
+            std::fs::read(dir.join(tls::KEY_FILE)).expect("key.der"),
+        )
+    };
+
+    let first = make_endpoint(&cfg, tls_dir.path()).expect("first endpoint");
+    let made = read(tls_dir.path());
+    first.close(VarInt::from_u32(0), b"");
+    drop(first);
+    let second = make_endpoint(&cfg, tls_dir.path()).expect("second endpoint");
+    assert_eq!(read(tls_dir.path()), made, "the same certificate and key are reused");
+    assert_eq!(tls::load_or_create_cert(tls_dir.path()).expect("load").cert.as_ref(), &made.0[..]);
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(tls_dir.path().join(tls::KEY_FILE)).expect("key meta").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "the key is private to its owner");
+    }
+
+    // The persisted certificate serves: a client completes a handshake.
+    let addr = second.local_addr().expect("addr");
+    let accept = tokio::spawn(async move {
+        let incoming = second.accept().await.expect("incoming");
+        let conn = incoming.await.expect("handshake");
+        (second, conn)
+    });
+    let client = client_endpoint(loopback(), &cfg).expect("client");
+    let conn = timeout(WAIT, connect(&client, addr)).await.expect("in time").expect("connect");
+    let (_second, _server_conn) = timeout(WAIT, accept).await.expect("in time").expect("accepted");
+    let alpn = conn.handshake_data().and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok());
+    assert_eq!(alpn.and_then(|d| d.protocol), Some(tls::ALPN.to_vec()));
+}
+
+struct FakeStatus {
+    known: [u8; 32],
+}
+
+impl StatusSource for FakeStatus {
+    fn identity_json(&self) -> String {
+        r#"{"public_key":"aa","kem_public_key":"bb"}"#.to_owned()
+    }
+    fn scope_json(&self, scope: &[u8; 32]) -> Option<String> {
+        (scope == &self.known).then(|| format!(r#"{{"scope":"{}"}}"#, hex::encode(scope)))
+    }
+    fn scopes_json(&self) -> String {
+        format!(r#"["{}"]"#, hex::encode(self.known))
+    }
+    fn metrics_text(&self) -> String {
+        "# TYPE dagfold_test_total counter\ndagfold_test_total 1\n".to_owned()
+    }
+}
+
+/// Writes raw bytes to the admin server and reads the whole response.
+fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect_timeout(&addr, WAIT).expect("connect");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    stream.set_write_timeout(Some(WAIT)).expect("timeout");
+    // The server may answer (431) and close before taking all of a large
+    // request; that write error is expected.
+    let _ = stream.write_all(request);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_server_answers_its_routes() {
+    let known = [0x5a; 32];
+    let listener = tokio::net::TcpListener::bind(loopback()).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let server = tokio::spawn(admin::serve_admin(listener, Arc::new(FakeStatus { known }), shutdown_rx));
+
+    let known_hex = hex::encode(known);
+    let cases: Vec<(String, u16, Option<String>)> = vec![
+        ("/v1/identity".into(), 200, Some(r#"{"public_key":"aa","kem_public_key":"bb"}"#.into())),
+        ("/v1/scopes".into(), 200, Some(format!(r#"["{known_hex}"]"#))),
+        (format!("/v1/scopes/{known_hex}"), 200, Some(format!(r#"{{"scope":"{known_hex}"}}"#))),
+        (format!("/v1/scopes/{}", known_hex.to_uppercase()), 200, Some(format!(r#"{{"scope":"{known_hex}"}}"#))),
+        (format!("/v1/scopes/{}", "00".repeat(32)), 404, None),
+        (format!("/v1/scopes/{}", "zz".repeat(32)), 404, None),
+        (format!("/v1/scopes/{}", "5a".repeat(31)), 404, None),
+        ("/v1/scopes/".into(), 404, None),
+        ("/metrics".into(), 200, Some("# TYPE dagfold_test_total counter\ndagfold_test_total 1\n".into())),
+        ("/metrics?name=x".into(), 200, None),
+        ("/nowhere".into(), 404, None),
+    ];
+    let answers = tokio::task::spawn_blocking(move || {
+        cases
+            .into_iter()
+            .map(|(path, status, body)| (path.clone(), status, body, admin::http_get(addr, &path, WAIT)))
+            .collect::<Vec<_>>()
+    });
+    for (path, status, body, answer) in timeout(WAIT * 2, answers).await.expect("in time").expect("task") {
+        let (got_status, got_body) = answer.unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(got_status, status, "{path}: {got_body}");
+        if let Some(body) = body {
+            assert_eq!(got_body, body, "{path}");
+        }
+        if status == 404 {
+            let json: serde_json::Value = serde_json::from_str(&got_body).expect("a JSON error body");
+            assert!(json["error"].is_string(), "{path}: {got_body}");
+        }
+    }
+
+    let raw = tokio::task::spawn_blocking(move || {
+        (
+            raw_exchange(addr, b"GET /v1/identity HTTP/1.1\r\nhost: x\r\n\r\n"),
+            raw_exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n"),
+            raw_exchange(addr, b"POST /v1/identity HTTP/1.1\r\ncontent-length: 0\r\n\r\n"),
+            raw_exchange(addr, b"GET /v1/identity SPDY/3\r\n\r\n"),
+            raw_exchange(addr, &[b"GET /".as_slice(), &[b'a'; 9000], b" HTTP/1.1\r\n\r\n"].concat()),
+        )
+    });
+    let (identity, metrics_text, post, bad_version, too_large) =
+        timeout(WAIT * 2, raw).await.expect("in time").expect("task");
+    assert!(identity.starts_with("HTTP/1.1 200 OK\r\n"), "{identity}");
+    assert!(identity.contains("\r\ncontent-type: application/json\r\n"), "{identity}");
+    assert!(metrics_text.contains("\r\ncontent-type: text/plain; version=0.0.4\r\n"), "{metrics_text}");
+    assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
+    assert!(post.contains("\r\nallow: GET\r\n"), "{post}");
+    assert!(bad_version.starts_with("HTTP/1.1 400 "), "{bad_version}");
+    assert!(too_large.starts_with("HTTP/1.1 431 "), "{too_large}");
+
+    shutdown.send(true).expect("admin listening");
+    timeout(WAIT, server).await.expect("admin stops in time").expect("no panic");
+}
