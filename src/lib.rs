@@ -12,3 +12,4 @@ pub mod node;
 pub mod pipeline;
 pub mod protocol;
 pub mod store;
+pub mod workload;
