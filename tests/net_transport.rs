@@ -313,6 +313,8 @@ async fn a_full_channel_pushes_back_on_the_sender() {
     // window update racing the last frames.
     let in_flight_max = STREAM_WINDOW_BYTES as usize / FRAME_BYTES + 2 + 16;
     assert!(written < in_flight_max, "the writer blocked after {written} frames (bound {in_flight_max})");
+    // And it blocked because the window filled, not at the first frame.
+    assert!(written >= STREAM_WINDOW_BYTES as usize / FRAME_BYTES / 2, "blocked after only {written} frames");
 
     // The server took exactly what its channel and stream task hold.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -329,6 +331,39 @@ async fn a_full_channel_pushes_back_on_the_sender() {
         assert_eq!(item.item.len(), FRAME_BYTES);
     }
     let _writer = timeout(WAIT, pending_write).await.expect("the write completes once drained").expect("task");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_frame_holds_the_byte_budget_only_until_its_deadline() {
+    const FRAME_RECEIVE_TIMEOUT_MS: u32 = 1_000;
+    // A budget of exactly one maximum frame, so one stalled frame fills it.
+    let cfg = ServerConfig {
+        frame_bytes_max: 1024,
+        frames_buffered_bytes_max: 1024,
+        frame_receive_timeout_ms: FRAME_RECEIVE_TIMEOUT_MS,
+        ..ServerConfig::default()
+    };
+    let mut server = TestServer::start(cfg, 16).await;
+    let (_endpoint, conn) = server.client().await;
+
+    // Announce a maximum frame and send only part of it.
+    let mut stalled = conn.open_uni().await.expect("open uni");
+    stalled.write_all(&1024u32.to_le_bytes()).await.expect("write");
+    stalled.write_all(&[0; 10]).await.expect("write");
+    // Let the server reserve the budget for it before the next frame comes.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let sender_conn = conn.clone();
+    let sender = tokio::spawn(async move { send_frames_uni(&sender_conn, [good(b"waits")]).await });
+    // The second frame cannot be reserved while the first holds the budget.
+    let early = timeout(Duration::from_millis(300), server.items.recv()).await;
+    assert!(early.is_err(), "a frame was delivered while the budget was full");
+
+    let stopped = timeout(WAIT, stalled.stopped()).await.expect("stopped in time").expect("connection alive");
+    assert_eq!(stopped, Some(VarInt::from_u32(dagfold::net::ERR_TIMEOUT)));
+    assert_eq!(server.next().await.item, good(b"waits"));
+    timeout(WAIT, sender).await.expect("in time").expect("task").expect("acknowledged");
     server.stop().await;
 }
 

@@ -57,8 +57,8 @@ pub const SHUTDOWN_DRAIN_MS: u32 = 1_000;
 /// Every bound of the QUIC server. All counts and sizes are fixed-width.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerConfig {
-    /// UDP address to bind. Default `0.0.0.0:7610`: all IPv4 interfaces; the
-    /// port is dagfold's default, any free one works.
+    /// UDP address to bind. Default `127.0.0.1:7400`, the node's default
+    /// (`node::config`): loopback, so a node is exposed only when asked.
     pub listen: SocketAddr,
     /// Connections open at once, handshaking ones included; beyond, an
     /// incoming connection is refused and counted. Default 256: a node has a
@@ -108,7 +108,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            listen: SocketAddr::from(([0, 0, 0, 0], 7610)),
+            listen: SocketAddr::from(([127, 0, 0, 1], 7400)),
             connections_max: 256,
             streams_per_connection_max: 32,
             stream_receive_window_bytes: 1_310_720,
@@ -227,6 +227,11 @@ pub trait FrameDecoder: Send + Sync + 'static {
     /// Decode one frame's content; Err means malformed (SPEC §10): the
     /// stream is closed with an application error, counted; the connection
     /// goes on.
+    ///
+    /// The error carries nothing because the transport's only reaction is
+    /// to stop the stream and count it; why it failed is the decoder's to
+    /// count, if it wants.
+    #[allow(clippy::result_unit_err)]
     fn decode(&self, frame: &[u8]) -> Result<Self::Item, ()>;
 }
 

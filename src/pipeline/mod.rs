@@ -360,7 +360,10 @@ fn orderer(
         }
         engine.handle_tick(now_ms());
         let commit = engine.take_commit();
-        if commit.is_empty() && commit.applied.is_empty() {
+        let mut scopes: Vec<Hash> = engine.take_touched_scopes();
+        // A data op entering its in-memory key wait writes nothing but still
+        // changes the status.
+        if commit.is_empty() && commit.applied.is_empty() && scopes.is_empty() {
             last_received = Instant::now();
             continue;
         }
@@ -378,7 +381,6 @@ fn orderer(
                 k.insert(crate::protocol::crypto::key_id_of(key), *key);
             }
         }
-        let mut scopes: Vec<Hash> = engine.take_touched_scopes();
         scopes.sort();
         scopes.dedup();
         let statuses: Vec<ScopeStatus> = scopes.iter().filter_map(|s| engine.status(s)).collect();
@@ -490,7 +492,9 @@ fn committer<S: Store>(
             continue;
         }
         let t = Instant::now();
-        if let Err(e) = store.write(&commit.writes, sync) {
+        if commit.writes.is_empty() {
+            // Nothing to make durable (an in-memory key wait): publish only.
+        } else if let Err(e) = store.write(&commit.writes, sync) {
             eprintln!("dagfold: store write failed; the node accepts nothing more until restarted: {e}");
             counter!("dagfold_store_write_failures_total").increment(1);
             gauge!("dagfold_store_refusing").set(1.0);

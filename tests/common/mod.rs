@@ -2,6 +2,8 @@
 //! (never copied into the repo) and comparing an engine with a scenario.
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

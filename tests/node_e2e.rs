@@ -1,0 +1,228 @@
+//! End-to-end over real QUIC on loopback: the `dagfold node` binary as a
+//! child process, fed by clients, compared with an in-memory fold.
+
+mod common;
+
+use std::time::Duration;
+
+use common::node::*;
+use common::*;
+use dagfold::core::{Cf, Config, Engine, Identity};
+use dagfold::protocol::crypto::seal_key_delivery;
+use dagfold::protocol::{encode, Message};
+use dagfold::store::Store;
+use dagfold::workload::{generate, Workload, WorkloadConfig};
+
+fn seed_identity(dir: &std::path::Path, id: &Identity) {
+    let mut store = dagfold::store::rocks::RocksStore::open(dir).unwrap();
+    store.write(&[dagfold::core::Write::Put(Cf::Meta, dagfold::core::META_IDENTITY.to_vec(), id.encode())], true).unwrap();
+}
+
+fn start_node(dir: &std::path::Path, extra: &[String]) -> NodeProc {
+    NodeProc::start(dir, loopback(free_port()), loopback(free_port()), extra)
+}
+
+fn status_matches(n: &NodeProc, want: &serde_json::Value) -> bool {
+    let scope: [u8; 32] = hex::decode(want["scope"].as_str().unwrap()).unwrap().try_into().unwrap();
+    n.scope(&scope).is_some_and(|got| got == *want)
+}
+
+fn expected_status(e: &mut Engine, scope: &[u8; 32]) -> serde_json::Value {
+    e.status(scope).expect("genesis applied").to_json()
+}
+
+/// Every scenario of the shared vectors, each message on its own stream.
+#[test]
+fn vectors_over_quic() {
+    for path in scenario_files() {
+        let scn = load_json(path.strip_prefix(vectors_dir()).unwrap().to_str().unwrap());
+        let name = scn["name"].as_str().unwrap().to_owned();
+        let id = node_identity(&scn);
+        let dir = tempfile::tempdir().unwrap();
+        seed_identity(dir.path(), &id);
+        // No key-wait window expires in a scenario.
+        let n = start_node(dir.path(), &["--key-wait-ms".into(), "600000".into()]);
+        send_each_on_own_stream(n.listen, &messages(&scn));
+        for e in scn["expect"]["scopes"].as_array().unwrap() {
+            let want = expected_report(e);
+            let scope = want.scope;
+            let status_expected = want.applied.iter().any(|a| *a == scope);
+            let ok = wait_until(Duration::from_secs(15), || match n.scope(&scope) {
+                None => !status_expected,
+                Some(got) => {
+                    let hexes = |v: &[[u8; 32]]| v.iter().map(hex::encode).collect::<Vec<_>>();
+                    got["root"] == hex::encode(want.root)
+                        && got["data_heads"] == serde_json::json!(hexes(&want.data_heads))
+                        && got["governance_heads"] == serde_json::json!(hexes(&want.governance_heads))
+                        && got["applied"] == want.applied.len()
+                        && got["pending"] == want.pending.len()
+                        && got["key_waiting"] == want.key_waiting.len()
+                        && got["data_key_waiting"] == want.data_key_waiting.len()
+                }
+            });
+            assert!(ok, "{name}: scope {} over QUIC: got {:?}", hex::encode(scope), n.scope(&scope));
+        }
+    }
+}
+
+fn workload_for(n: &NodeProc, cfg: &WorkloadConfig) -> Workload {
+    let (pk, kem) = n.identity();
+    generate(cfg, pk, kem)
+}
+
+fn fold_in_memory(frames: &[Vec<u8>], id: &Identity, scope: &[u8; 32]) -> serde_json::Value {
+    let mut e = Engine::new(Config::default(), id.clone());
+    for f in frames {
+        e.handle_frame(f, 0);
+    }
+    expected_status(&mut e, scope)
+}
+
+#[test]
+fn shuffled_duplicated_garbage_over_streams_and_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = Identity::from_secrets([3; 32], [4; 32]);
+    seed_identity(dir.path(), &id);
+    let n = start_node(dir.path(), &[]);
+    let w = workload_for(&n, &WorkloadConfig { seed: 7, data_ops: 1500, writers: 4, merge_share: 0.3, ..Default::default() });
+    let all: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    let order = dagfold::workload::shuffle_within_windows(all.len(), 400, 99);
+    let mut frames: Vec<Vec<u8>> = order.iter().map(|i| all[*i].clone()).collect();
+    for i in (0..all.len()).step_by(9) {
+        frames.push(all[i].clone());
+    }
+    send_frames(n.listen, &frames, 3, 4);
+    // Garbage: each closes its own stream, the node goes on.
+    let garbage: Vec<Vec<u8>> = vec![vec![], vec![255], vec![0, 1, 2], vec![7; 100], vec![1; 2000], vec![2, 0, 0]];
+    send_each_on_own_stream(n.listen, &garbage);
+    let want = fold_in_memory(&all, &id, &w.scope);
+    assert_eq!(want["root"], hex::encode(w.final_root));
+    assert!(wait_until(Duration::from_secs(60), || status_matches(&n, &want)), "node: {:?}\nwant: {want}", n.scope(&w.scope));
+    assert!(n.metric("dagfold_net_frames_malformed_total") >= garbage.len() as f64);
+}
+
+/// Extra key deliveries so that `other` nodes can read the scope too.
+fn deliveries_for(w: &Workload, nodes: &[&NodeProc]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for n in nodes {
+        let (pk, kem) = n.identity();
+        for (i, k) in w.keys.iter().enumerate() {
+            let kd = seal_key_delivery(w.scope, k, pk, &kem, &[i as u8 + 1; 32]);
+            out.push(encode(&Message::Key(kd)));
+        }
+    }
+    out
+}
+
+#[test]
+fn three_nodes_converge_by_heartbeat_and_sync() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let listens: Vec<_> = (0..3).map(|_| loopback(free_port())).collect();
+    let admins: Vec<_> = (0..3).map(|_| loopback(free_port())).collect();
+    let nodes: Vec<NodeProc> = (0..3)
+        .map(|i| {
+            let mut extra = vec!["--heartbeat-ms".to_string(), "200".into()];
+            for j in 0..3 {
+                if j != i {
+                    extra.push("--peer".into());
+                    extra.push(listens[j].to_string());
+                }
+            }
+            NodeProc::start(dirs[i].path(), listens[i], admins[i], &extra)
+        })
+        .collect();
+    let w = workload_for(&nodes[0], &WorkloadConfig { seed: 21, data_ops: 600, writers: 3, merge_share: 0.4, ..Default::default() });
+    let keys = deliveries_for(&w, &[&nodes[1], &nodes[2]]);
+    let gov: Vec<Vec<u8>> = w.messages.iter().filter(|m| !m.is_data).map(|m| m.frame.clone()).collect();
+    let data: Vec<Vec<u8>> = w.messages.iter().filter(|m| m.is_data).map(|m| m.frame.clone()).collect();
+    // Node 0: governance and the first half; node 1: the second half (all
+    // buffered on missing parents); node 2: only its keys.
+    send_frames(nodes[0].listen, &[gov.clone(), data[..300].to_vec()].concat(), 1, 2);
+    send_frames(nodes[1].listen, &[keys.clone(), data[300..].to_vec()].concat(), 1, 2);
+    send_frames(nodes[2].listen, &keys, 1, 1);
+    let total = w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64;
+    for (i, n) in nodes.iter().enumerate() {
+        let ok = wait_until(Duration::from_secs(60), || {
+            n.scope(&w.scope).is_some_and(|s| s["root"] == hex::encode(w.final_root) && s["applied"] == total)
+        });
+        assert!(ok, "node {i} did not converge: {:?}", n.scope(&w.scope));
+    }
+}
+
+#[test]
+fn sigkilled_node_restarts_and_converges_with_its_peer() {
+    let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (l0, l1) = (loopback(free_port()), loopback(free_port()));
+    let n0 = NodeProc::start(d0.path(), l0, loopback(free_port()), &["--peer".into(), l1.to_string(), "--heartbeat-ms".into(), "200".into()]);
+    let mut n1 = NodeProc::start(d1.path(), l1, loopback(free_port()), &["--peer".into(), l0.to_string(), "--heartbeat-ms".into(), "200".into()]);
+    let w = workload_for(&n0, &WorkloadConfig { seed: 5, data_ops: 3000, writers: 2, ..Default::default() });
+    let keys = deliveries_for(&w, &[&n1]);
+    let all: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(n0.listen, &all, 1, 1);
+    // Stream everything into node 1 and kill it while the ops flow.
+    let l1c = n1.listen;
+    let frames = [keys, all.clone()].concat();
+    let sender = std::thread::spawn(move || send_frames(l1c, &frames, 1, 1));
+    std::thread::sleep(Duration::from_millis(300));
+    n1.kill();
+    let _ = sender.join();
+    n1.restart();
+    let total = w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64;
+    for n in [&n0, &n1] {
+        let ok = wait_until(Duration::from_secs(60), || {
+            n.scope(&w.scope).is_some_and(|s| s["root"] == hex::encode(w.final_root) && s["applied"] == total)
+        });
+        assert!(ok, "did not converge after the kill: {:?}", n.scope(&w.scope));
+    }
+}
+
+#[test]
+fn subscriber_sees_every_event_once_across_reconnect_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut n = start_node(dir.path(), &[]);
+    let w = workload_for(&n, &WorkloadConfig { seed: 9, data_ops: 400, writers: 2, events_per_op: 2, ..Default::default() });
+    let all: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    let expected_events = 400 * 2;
+    // The genesis first, so the subscription has a scope.
+    let (head, tail) = all.split_at(all.len() / 2);
+    send_frames(n.listen, head, 1, 1);
+    let sub = std::process::Command::new(env!("CARGO_BIN_EXE_dagfold"))
+        .args(["subscribe", "--node", &n.listen.to_string(), "--scope", &hex::encode(w.scope)])
+        .args(["--max-events", &expected_events.to_string(), "--idle-exit-ms", "30000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    n.stop();
+    n.restart();
+    send_frames(n.listen, tail, 1, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    n.kill();
+    n.restart();
+    let out = sub.wait_with_output().unwrap();
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=expected_events as u64).collect::<Vec<_>>(), "every event once, in order");
+    let mut ops: Vec<&str> = lines.iter().map(|l| l["op"].as_str().unwrap()).collect();
+    ops.dedup();
+    assert_eq!(ops.len(), 400, "two events for each data op");
+}
+
+#[test]
+fn memory_stays_bounded_under_a_flood_of_orphans() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = start_node(dir.path(), &["--buffered-ops-per-scope-max".into(), "2000".into(), "--buffered-ops-total-max".into(), "4000".into()]);
+    // 30,000 data ops whose genesis and governance never arrive.
+    let w = workload_for(&n, &WorkloadConfig { seed: 13, data_ops: 30_000, writers: 4, actions_per_op: 1, events_per_op: 0, ..Default::default() });
+    let orphans: Vec<Vec<u8>> = w.messages.iter().filter(|m| m.is_data).map(|m| m.frame.clone()).collect();
+    let rss_before = n.rss_bytes();
+    send_frames(n.listen, &orphans, 2, 4);
+    assert!(wait_until(Duration::from_secs(60), || n.metric("dagfold_verified_total") >= orphans.len() as f64));
+    let rss_after = n.rss_bytes();
+    eprintln!("rss before {rss_before}, after {rss_after}");
+    assert!(rss_after < 512 << 20, "RSS {rss_after} bytes past the bound");
+    assert!(n.metric("dagfold_engine_evicted_total") >= (orphans.len() - 4000) as f64);
+    assert!(n.metric("dagfold_buffered_ops") <= 4000.0);
+}
