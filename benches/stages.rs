@@ -1,1 +1,163 @@
-fn main() {}
+//! Per-stage costs of the receive path, and the whole engine on RocksDB.
+//!
+//! Run: `cargo bench --bench stages` (release profile, shared with the tests).
+//! Each group's throughput is per op (or per cell, per put), so the numbers
+//! read directly as the per-core cost of a stage (STYLE.md: numbers before
+//! code).
+
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use dagfold::core::projection::Projection;
+use dagfold::core::{authorize_at, decode_frame, Cf, Config, Decoded, Engine, Identity, Write};
+use dagfold::durable::Durable;
+use dagfold::protocol::crypto::open_payload;
+use dagfold::protocol::*;
+use dagfold::store::rocks::RocksStore;
+use dagfold::store::Store;
+use dagfold::workload::{generate, WorkloadConfig};
+
+fn node() -> Identity {
+    Identity::from_secrets([1; 32], [2; 32])
+}
+
+fn workload(ops: usize, chain: bool) -> dagfold::workload::Workload {
+    let id = node();
+    generate(
+        &WorkloadConfig { seed: 42, data_ops: ops, writers: 4, chain, events_per_op: 1, actions_per_op: 2, ..Default::default() },
+        id.public_key,
+        id.kem_public,
+    )
+}
+
+fn data_frames(w: &dagfold::workload::Workload) -> Vec<Vec<u8>> {
+    w.messages.iter().filter(|m| m.is_data).map(|m| m.frame.clone()).collect()
+}
+
+fn stages(c: &mut Criterion) {
+    let w = workload(2048, false);
+    let frames = data_frames(&w);
+    let decoded: Vec<(Hash, Op)> = frames
+        .iter()
+        .map(|f| match decode_frame(f).unwrap() {
+            Decoded::Op { id, op, .. } => (id, op),
+            _ => unreachable!(),
+        })
+        .collect();
+
+    let mut g = c.benchmark_group("stage");
+    g.throughput(Throughput::Elements(1));
+    let mut i = 0;
+    g.bench_function("decode+verify (single)", |b| {
+        b.iter(|| {
+            i = (i + 1) % frames.len();
+            let Decoded::Op { id, op, .. } = decode_frame(black_box(&frames[i])).unwrap() else { unreachable!() };
+            assert!(sig::verify(&op.author, &id, &op.signature));
+        })
+    });
+    g.throughput(Throughput::Elements(64));
+    let batch: Vec<([u8; 32], [u8; 32], [u8; 64])> = decoded[..64].iter().map(|(id, op)| (op.author, *id, op.signature)).collect();
+    g.bench_function("verify_batch 64 (per op)", |b| b.iter(|| assert!(sig::verify_batch(black_box(&batch)).iter().all(|v| *v))));
+    g.throughput(Throughput::Elements(1));
+    // Authorize with a cached cut: G(cut) from the cache, then the rule.
+    let mut engine = Engine::new(Config::default(), node());
+    for m in w.messages.iter().filter(|m| !m.is_data) {
+        engine.handle_frame(&m.frame, 0);
+    }
+    let op0 = decoded[0].1.clone();
+    g.bench_function("authorize (cached cut)", |b| {
+        b.iter(|| {
+            let gstate = engine.governance_at(black_box(&op0.cut)).unwrap();
+            assert_eq!(authorize_at(&gstate, &op0), dagfold::core::PreAuth::Ok);
+        })
+    });
+    let key = w.keys[0];
+    g.bench_function("decrypt", |b| {
+        b.iter(|| {
+            i = (i + 1) % decoded.len();
+            let op = &decoded[i].1;
+            open_payload(&key, &op.nonce, &op.scope, op.plane, black_box(&op.payload)).unwrap()
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("fold+root");
+    g.throughput(Throughput::Elements(1));
+    for cells in [10_000u32, 1_000_000] {
+        let mut p = Projection::default();
+        for k in 0..cells {
+            p.apply(1, &[1; 32], &[Action::Put { entity: "e".into(), key: k.to_le_bytes().to_vec(), value: vec![1; 16] }]);
+        }
+        p.root();
+        let mut hlc = 2;
+        g.bench_function(format!("one Put + root at {cells} cells"), |b| {
+            b.iter(|| {
+                hlc += 1;
+                let k = (hlc as u32).wrapping_mul(2_654_435_761) % cells;
+                p.apply(hlc, &[1; 32], &[Action::Put { entity: "e".into(), key: k.to_le_bytes().to_vec(), value: vec![2; 16] }]);
+                black_box(p.root())
+            })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("rocksdb");
+    g.throughput(Throughput::Elements(256));
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = RocksStore::open(dir.path()).unwrap();
+    let mut n = 0u64;
+    g.bench_function("commit of 256 puts (300 B), WAL synced", |b| {
+        b.iter_batched(
+            || {
+                (0..256)
+                    .map(|_| {
+                        n += 1;
+                        Write::Put(Cf::Ops, dagfold::protocol::crypto::sha256(&n.to_le_bytes()).to_vec(), vec![7u8; 300])
+                    })
+                    .collect::<Vec<_>>()
+            },
+            |writes| store.write(&writes, true).unwrap(),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+/// The whole engine on RocksDB: 100,000 data ops, batches of 256 frames per
+/// atomic, WAL-synced commit, batch-verified, causal and reversed.
+fn engine_on_rocksdb(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine on rocksdb, 100k ops");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(60));
+    g.throughput(Throughput::Elements(100_000));
+    for (name, chain, reverse) in [("causal, 4 writers", false, false), ("reversed chain", true, true)] {
+        let w = workload(100_000, chain);
+        let mut frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+        if reverse {
+            frames.reverse();
+        }
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let dir = tempfile::tempdir().unwrap();
+                    let mut store = RocksStore::open(dir.path()).unwrap();
+                    let id = node();
+                    store.write(&[Write::Put(Cf::Meta, dagfold::core::META_IDENTITY.to_vec(), id.encode())], true).unwrap();
+                    let mut d = Durable::open(store, Config::default(), 0).unwrap();
+                    let t = Instant::now();
+                    for chunk in frames.chunks(256) {
+                        d.handle_frames(chunk, 0).unwrap();
+                    }
+                    total += t.elapsed();
+                    assert_eq!(d.engine.scope_root(&w.scope), Some(w.final_root));
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, stages, engine_on_rocksdb);
+criterion_main!(benches);

@@ -3,11 +3,13 @@
 //! See `docs/ARCHITECTURE.md` for the bird's-eye view and the code map.
 
 pub mod admin;
+#[cfg(feature = "rocksdb-store")]
 pub mod cli;
 pub mod core;
 pub mod durable;
 pub mod limits;
 pub mod net;
+#[cfg(feature = "rocksdb-store")]
 pub mod node;
 pub mod pipeline;
 pub mod protocol;

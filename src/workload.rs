@@ -126,9 +126,11 @@ fn gov_op(scope: Hash, parents: Vec<Hash>, hlc: u64, key: &[u8; 32], nonce: [u8;
     }
 }
 
+/// A writer's knowledge as a vector clock: it knows the first `vc[a]` ops
+/// of each author `a` (a set closed under ancestry, since an op's author
+/// knew everything its clock names).
 struct View {
-    known: BTreeSet<usize>,
-    heads: BTreeSet<Hash>,
+    vc: Vec<u32>,
     projection: Projection,
 }
 
@@ -179,11 +181,13 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
     let mut key = k1;
     let mut keys = vec![k1];
 
-    let mut views: Vec<View> =
-        (0..cfg.writers).map(|_| View { known: BTreeSet::new(), heads: BTreeSet::new(), projection: Projection::default() }).collect();
-    // Data ops in creation order: (id, hlc, author, actions).
-    let mut created: Vec<(Hash, u64, PublicKey, Vec<Action>)> = Vec::new();
+    let mut views: Vec<View> = (0..cfg.writers).map(|_| View { vc: vec![0; cfg.writers], projection: Projection::default() }).collect();
+    // Data ops in creation order: (id, hlc, author index, actions), with
+    // each op's vector clock, and each author's ops in order.
+    let mut created: Vec<(Hash, u64, usize, Vec<Action>)> = Vec::new();
+    let mut clocks: Vec<Vec<u32>> = Vec::new();
     let mut parents_of: Vec<Vec<Hash>> = Vec::new();
+    let mut by_author: Vec<Vec<usize>> = vec![Vec::new(); cfg.writers];
     let mut last: Option<Hash> = None;
     for i in 0..cfg.data_ops {
         if cfg.rotate_at == Some(i) {
@@ -206,21 +210,27 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
         let w = if cfg.chain { 0 } else { rng.gen_range(0..cfg.writers) };
         if !cfg.chain && cfg.writers > 1 && rng.gen_bool(cfg.merge_share) {
             let other = (w + rng.gen_range(1..cfg.writers)) % cfg.writers;
-            let missing: Vec<usize> = views[other].known.difference(&views[w].known).copied().collect();
-            for j in missing {
-                let (_, h, a, acts) = &created[j];
-                views[w].projection.apply(*h, a, acts);
-                views[w].known.insert(j);
+            for a in 0..cfg.writers {
+                let (from, to) = (views[w].vc[a], views[other].vc[a]);
+                for k in from..to.max(from) {
+                    let (_, h, au, acts) = &created[by_author[a][k as usize]];
+                    views[w].projection.apply(*h, &writers[*au].public_key, acts);
+                }
+                views[w].vc[a] = from.max(to);
             }
-            // Heads of the union: known ops that no known op has as parent.
-            let known = &views[w].known;
-            let mut is_parent: BTreeSet<Hash> = BTreeSet::new();
-            for j in known {
-                is_parent.extend(parents_of[*j].iter().copied());
-            }
-            views[w].heads = known.iter().map(|j| created[*j].0).filter(|id| !is_parent.contains(id)).collect();
         }
-        let parents: Vec<Hash> = if cfg.chain { last.into_iter().collect() } else { views[w].heads.iter().copied().collect() };
+        // The view's heads: each author's latest known op, unless another
+        // author's latest known op already knew it.
+        let heads: BTreeSet<Hash> = (0..cfg.writers)
+            .filter(|a| views[w].vc[*a] > 0)
+            .filter(|a| {
+                (0..cfg.writers).all(|b| {
+                    b == *a || views[w].vc[b] == 0 || clocks[by_author[b][views[w].vc[b] as usize - 1]][*a] < views[w].vc[*a]
+                })
+            })
+            .map(|a| created[by_author[a][views[w].vc[a] as usize - 1]].0)
+            .collect();
+        let parents: Vec<Hash> = if cfg.chain { last.into_iter().collect() } else { heads.into_iter().collect() };
         assert!(parents.len() <= 32);
         hlc += 1;
         let entity = format!("e{}", rng.gen_range(0..4u32));
@@ -261,16 +271,17 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
         let (frame, id) = sign_op(&mut op, author);
         messages.push(Generated { frame, id, is_data: true });
         let j = created.len();
-        created.push((id, hlc, author.public_key, acts));
+        created.push((id, hlc, w, acts));
+        by_author[w].push(j);
+        view.vc[w] += 1;
+        clocks.push(view.vc.clone());
         parents_of.push(parents);
-        view.known.insert(j);
-        view.heads = [id].into_iter().collect();
         last = Some(id);
     }
     let mut all = Projection::default();
     let mut is_parent: BTreeSet<Hash> = BTreeSet::new();
     for (j, (_, h, a, acts)) in created.iter().enumerate() {
-        all.apply(*h, a, acts);
+        all.apply(*h, &writers[*a].public_key, acts);
         is_parent.extend(parents_of[j].iter().copied());
     }
     let data_heads = created.iter().map(|c| c.0).filter(|id| !is_parent.contains(id)).collect();

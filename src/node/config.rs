@@ -75,7 +75,7 @@ pub struct NodeArgs {
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
     /// Buffered ops (pending + key waits) per scope before the oldest is
-    /// evicted [default: 100000]
+    /// evicted [default: 200000]
     #[arg(long)]
     pub buffered_ops_per_scope_max: Option<u64>,
     /// Buffered bytes per scope [default: 67108864]

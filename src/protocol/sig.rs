@@ -166,7 +166,7 @@ pub fn public_key_from_seed(seed: &[u8; 32]) -> [u8; 32] {
 /// compression per point; `tests/signatures.rs` checks the equivalence.
 pub fn is_canonical_encoding(bytes: &[u8; 32]) -> bool {
     // The low 255 bits are p + c for some 0 <= c < 19, or equal p - 1, only
-    // if bits 8..255 are all ones.
+    // if bits 8 to 254 (all but the low byte and the sign bit) are ones.
     let high_all_ones = bytes[1..31].iter().all(|&b| b == 0xff) && bytes[31] & 0x7f == 0x7f;
     // y >= p = 0x7fff..ffed
     if high_all_ones && bytes[0] >= 0xed {

@@ -6,6 +6,7 @@
 //! rebuilds the engine from disk, brings the two back together.
 
 pub mod memory;
+#[cfg(feature = "rocksdb-store")]
 pub mod rocks;
 
 use crate::core::{Cf, TableScan, Write};
@@ -13,6 +14,7 @@ use crate::core::{Cf, TableScan, Write};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    #[cfg(feature = "rocksdb-store")]
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
     #[error("the store refuses writes after an earlier failure ({0}); restart the node")]

@@ -1,0 +1,449 @@
+//! `dagfold-loadgen`: creates a scope for a running node, generates signed,
+//! encrypted ops (all before the timed phase), sends them over QUIC on many
+//! streams and connections, waits until the node's status shows everything
+//! applied, checks the node's root against its own fold, and reports
+//! throughput, latency, the node's CPU and memory, and bytes on disk per op.
+//!
+//! Also `dagfold-loadgen ceiling`: the machine's verification ceiling.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use dagfold::protocol::crypto::{encode_op, key_id_of};
+use dagfold::protocol::*;
+use dagfold::workload::{generate, shuffle_within_windows, sign_op, Member, WorkloadConfig};
+use rand::{Rng, SeedableRng};
+
+#[derive(Parser)]
+#[command(name = "dagfold-loadgen", about = "Load generator and ceiling measurement for a dagfold node")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Send a generated scope to a node and measure it.
+    Run(RunArgs),
+    /// Measure the single-core rate of signature verification on this
+    /// machine (batch of 64 with ed25519-dalek and ed25519-consensus, the
+    /// project's own, and single verify_strict) and print JSON.
+    Ceiling {
+        /// Cores the node may use: the ceiling is the faster batch rate times this.
+        #[arg(long, default_value_t = 2)]
+        cores: u32,
+        /// Seconds to measure each verifier.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct RunArgs {
+    /// The node's QUIC address.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    node: SocketAddr,
+    /// The node's HTTP status address.
+    #[arg(long, default_value = "127.0.0.1:7401")]
+    admin: SocketAddr,
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    /// Data ops to send.
+    #[arg(long, default_value_t = 10_000)]
+    ops: usize,
+    #[arg(long, default_value_t = 2)]
+    actions_per_op: usize,
+    #[arg(long, default_value_t = 16)]
+    value_bytes: usize,
+    /// Share of ops that first merge another writer's view (joining heads).
+    #[arg(long, default_value_t = 0.2)]
+    merge_share: f64,
+    #[arg(long, default_value_t = 1)]
+    events_per_op: usize,
+    /// Distinct keys per entity.
+    #[arg(long, default_value_t = 10_000)]
+    keys_per_entity: u32,
+    /// One straight chain (a single writer) instead of concurrent writers.
+    #[arg(long)]
+    chain: bool,
+    /// Send the data ops in exactly reverse order.
+    #[arg(long)]
+    reverse: bool,
+    /// Shuffle within windows of this many ops (0: causal order).
+    #[arg(long, default_value_t = 0)]
+    shuffle_window: usize,
+    /// Share of extra duplicate sends.
+    #[arg(long, default_value_t = 0.0)]
+    duplicates: f64,
+    /// Share of extra invalid ops (bad signature, non-member, stale key).
+    #[arg(long, default_value_t = 0.0)]
+    invalid: f64,
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    #[arg(long, default_value_t = 4)]
+    streams: usize,
+    /// Ops per second, 0 for full speed.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Give up waiting for the node after this long.
+    #[arg(long, default_value_t = 600)]
+    timeout_s: u64,
+    /// The node's pid, for its CPU time and RSS.
+    #[arg(long)]
+    node_pid: Option<u32>,
+    /// The node's data directory, for bytes on disk per op.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// A name for the report.
+    #[arg(long, default_value = "run")]
+    name: String,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Run(args) => match run(args) {
+            Ok(report) => println!("{}", serde_json::to_string(&report).unwrap()),
+            Err(e) => {
+                eprintln!("dagfold-loadgen: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Ceiling { cores, seconds } => println!("{}", serde_json::to_string(&ceiling(cores, seconds)).unwrap()),
+    }
+}
+
+fn status(admin: SocketAddr, scope: &Hash) -> Option<serde_json::Value> {
+    let (code, body) = dagfold::admin::http_get(admin, &format!("/v1/scopes/{}", hex::encode(scope)), Duration::from_secs(5)).ok()?;
+    (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn dir_bytes(p: &std::path::Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(p) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+fn invalid_ops(w: &dagfold::workload::Workload, n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xBAD);
+    let data: Vec<&dagfold::workload::Generated> = w.messages.iter().filter(|m| m.is_data).collect();
+    let stranger = Member { seed: rng.gen(), public_key: [0; 32] };
+    let stranger = Member { public_key: sig::public_key_from_seed(&stranger.seed), seed: stranger.seed };
+    (0..n)
+        .map(|i| {
+            let base = data[rng.gen_range(0..data.len())];
+            let Message::Op(mut op) = dagfold::core::decode_frame(&base.frame)
+                .map(|d| match d {
+                    dagfold::core::Decoded::Op { op, .. } => Message::Op(op),
+                    dagfold::core::Decoded::Key(k) => Message::Key(k),
+                })
+                .unwrap()
+            else {
+                unreachable!()
+            };
+            op.hlc += 1 + i as u64;
+            match i % 3 {
+                0 => {
+                    // Bad signature.
+                    let (mut frame, _) = sign_op(&mut op, &w.writers[0]);
+                    let last = frame.len() - 1;
+                    frame[last] ^= 1;
+                    frame
+                }
+                1 => sign_op(&mut op, &stranger).0, // unauthorized
+                _ => {
+                    op.key_id = key_id_of(&rng.gen::<[u8; 32]>()); // stale_key
+                    sign_op(&mut op, &w.writers[0]).0
+                }
+            }
+        })
+        .collect()
+}
+
+fn run(a: RunArgs) -> Result<serde_json::Value, String> {
+    let (code, body) = dagfold::admin::http_get(a.admin, "/v1/identity", Duration::from_secs(5))
+        .map_err(|e| format!("cannot reach the node's status at {}: {e}", a.admin))?;
+    if code != 200 {
+        return Err(format!("/v1/identity answered {code}"));
+    }
+    let idv: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let h = |k: &str| -> [u8; 32] { hex::decode(idv[k].as_str().unwrap()).unwrap().try_into().unwrap() };
+    let (node_pk, node_kem) = (h("public_key"), h("kem_public_key"));
+    eprintln!("loadgen: generating {} ops (signing and encrypting before the timed phase)", a.ops);
+    let t_gen = Instant::now();
+    let cfg = WorkloadConfig {
+        seed: a.seed,
+        writers: if a.chain { 1 } else { a.writers },
+        data_ops: a.ops,
+        actions_per_op: a.actions_per_op,
+        value_bytes: a.value_bytes,
+        merge_share: a.merge_share,
+        events_per_op: a.events_per_op,
+        keys_per_entity: a.keys_per_entity,
+        rotate_at: None,
+        chain: a.chain,
+        remove_writer_at: None,
+    };
+    let w = generate(&cfg, node_pk, node_kem);
+    let prefix: Vec<Vec<u8>> = w.messages.iter().filter(|m| !m.is_data).map(|m| m.frame.clone()).collect();
+    let mut data: Vec<Vec<u8>> = w.messages.iter().filter(|m| m.is_data).map(|m| m.frame.clone()).collect();
+    if a.reverse {
+        data.reverse();
+    }
+    if a.shuffle_window > 1 {
+        let order = shuffle_within_windows(data.len(), a.shuffle_window, a.seed);
+        data = order.into_iter().map(|i| data[i].clone()).collect();
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ 0xD0B);
+    let dups = (data.len() as f64 * a.duplicates) as usize;
+    let mut extra: Vec<Vec<u8>> = (0..dups).map(|_| data[rng.gen_range(0..data.len())].clone()).collect();
+    extra.extend(invalid_ops(&w, (data.len() as f64 * a.invalid) as usize, a.seed));
+    for f in extra {
+        let at = rng.gen_range(0..=data.len());
+        data.insert(at.min(data.len()), f);
+    }
+    let expected_applied = (w.messages.iter().filter(|m| m.id != ZERO).count()) as u64;
+    eprintln!("loadgen: generated in {:.1} s; sending {} frames", t_gen.elapsed().as_secs_f64(), data.len() + prefix.len());
+    let _ = encode_op; // (re-exported for tools that build ops by hand)
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
+    let cpu0 = a.node_pid.and_then(cpu_seconds);
+    let lanes = a.connections.max(1) * a.streams.max(1);
+    let sent = Arc::new(AtomicU64::new(0));
+    // Send times of data frames by position (for latency), ms since t0.
+    let n_data = data.len();
+    let send_ms: Arc<Vec<AtomicU64>> = Arc::new((0..n_data).map(|_| AtomicU64::new(u64::MAX)).collect());
+    let t0 = Instant::now();
+    let result = rt.block_on(async {
+        let ncfg = dagfold::net::ServerConfig::default();
+        let endpoint = dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &ncfg).map_err(|e| e.to_string())?;
+        let first = dagfold::net::connect(&endpoint, a.node).await.map_err(|e| e.to_string())?;
+        dagfold::net::send_frames_uni(&first, &prefix).await.map_err(|e| e.to_string())?;
+        let mut conns = vec![first];
+        for _ in 1..a.connections.max(1) {
+            conns.push(dagfold::net::connect(&endpoint, a.node).await.map_err(|e| e.to_string())?);
+        }
+        let data = Arc::new(data);
+        let mut tasks = Vec::new();
+        for lane in 0..lanes {
+            let conn = conns[lane % conns.len()].clone();
+            let data = data.clone();
+            let sent = sent.clone();
+            let send_ms = send_ms.clone();
+            let rate_per_lane = if a.rate == 0 { 0.0 } else { a.rate as f64 / lanes as f64 };
+            tasks.push(tokio::spawn(async move {
+                let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+                let start = Instant::now();
+                let mut k = 0u64;
+                let mut i = lane;
+                while i < data.len() {
+                    if rate_per_lane > 0.0 {
+                        let due = Duration::from_secs_f64(k as f64 / rate_per_lane);
+                        let el = start.elapsed();
+                        if due > el {
+                            tokio::time::sleep(due - el).await;
+                        }
+                    }
+                    send_ms[i].store(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    dagfold::net::write_frame(&mut s, &data[i]).await.map_err(|e| e.to_string())?;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    k += 1;
+                    i += lanes;
+                }
+                s.finish().map_err(|e| e.to_string())?;
+                let _ = s.stopped().await;
+                Ok::<(), String>(())
+            }));
+        }
+        // Sample the node's applied count while sending.
+        let mut samples: Vec<(u64, u64)> = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(a.timeout_s);
+        let mut last_print = Instant::now();
+        let mut peak_rss_kb = 0u64;
+        let mut rss_series: Vec<u64> = Vec::new();
+        let base = prefix.iter().filter(|f| f.first() == Some(&MESSAGE_OP)).count() as u64;
+        let final_status = loop {
+            let st = tokio::task::block_in_place(|| status(a.admin, &w.scope));
+            let applied = st.as_ref().and_then(|s| s["applied"].as_u64()).unwrap_or(0);
+            samples.push((t0.elapsed().as_micros() as u64, applied.saturating_sub(base)));
+            if let Some(pid) = a.node_pid {
+                let rss = proc_status_kb(pid, "VmRSS:").unwrap_or(0);
+                peak_rss_kb = peak_rss_kb.max(rss);
+                rss_series.push(rss);
+            }
+            if last_print.elapsed() > Duration::from_secs(1) {
+                last_print = Instant::now();
+                eprintln!(
+                    "loadgen: {:>6.1} s  sent {:>9}  applied {:>9}/{}",
+                    t0.elapsed().as_secs_f64(),
+                    sent.load(Ordering::Relaxed),
+                    applied,
+                    expected_applied
+                );
+            }
+            if applied >= expected_applied {
+                break st;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("timed out with {applied}/{expected_applied} applied"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        for t in tasks {
+            t.await.map_err(|e| e.to_string())??;
+        }
+        Ok::<_, String>((final_status, samples, peak_rss_kb, rss_series))
+    });
+    let elapsed = t0.elapsed();
+    let (final_status, samples, peak_rss_kb, rss_series) = result?;
+    let final_status = final_status.ok_or("no status")?;
+    let root_ok = final_status["root"] == hex::encode(w.final_root);
+    // Latency: the i-th data frame (in send order) counts as applied at the
+    // first sample whose applied count exceeds its position. Exact for
+    // causal order; for other orders it is the time until as many ops as
+    // were sent up to it were applied.
+    let mut order: Vec<(u64, usize)> = (0..n_data).map(|i| (send_ms[i].load(Ordering::Relaxed), i)).collect();
+    order.sort();
+    let mut lat: Vec<f64> = Vec::with_capacity(n_data);
+    let mut s = 0;
+    let valid_data = a.ops as u64;
+    for (rank, (sent_us, _)) in order.iter().enumerate() {
+        let target = ((rank as u64 + 1) * valid_data).div_ceil(n_data as u64);
+        while s < samples.len() && samples[s].1 < target {
+            s += 1;
+        }
+        let applied_us = samples.get(s).map(|x| x.0).unwrap_or(elapsed.as_micros() as u64);
+        lat.push(applied_us.saturating_sub(*sent_us) as f64 / 1000.0);
+    }
+    lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).copied().unwrap_or(0.0);
+    let cpu = match (cpu0, a.node_pid.and_then(cpu_seconds)) {
+        (Some(c0), Some(c1)) => Some((c1 - c0) / elapsed.as_secs_f64()),
+        _ => None,
+    };
+    let disk = a.data_dir.as_deref().map(dir_bytes);
+    let rss_tail_flat = if rss_series.len() > 10 {
+        let half = &rss_series[rss_series.len() / 2..];
+        let (mn, mx) = (half.iter().min().unwrap(), half.iter().max().unwrap());
+        Some(*mx as f64 / (*mn).max(1) as f64)
+    } else {
+        None
+    };
+    let report = serde_json::json!({
+        "name": a.name,
+        "ops": a.ops,
+        "frames_sent": n_data + prefix.len(),
+        "seconds": elapsed.as_secs_f64(),
+        "ops_per_s": a.ops as f64 / elapsed.as_secs_f64(),
+        "p50_ms": pct(0.5),
+        "p99_ms": pct(0.99),
+        "root_ok": root_ok,
+        "node_cpu_cores": cpu,
+        "peak_rss_bytes": a.node_pid.and_then(|p| proc_status_kb(p, "VmHWM:")).map(|k| k * 1024).or(Some(peak_rss_kb * 1024)),
+        "rss_second_half_max_over_min": rss_tail_flat,
+        "disk_bytes_per_op": disk.map(|d| d as f64 / a.ops as f64),
+        "applied": final_status["applied"],
+    });
+    if !root_ok {
+        return Err(format!("root mismatch: node {} vs fold {}; report {report}", final_status["root"], hex::encode(w.final_root)));
+    }
+    Ok(report)
+}
+
+/// Rates of batch verification of 64 signatures by `nkeys` distinct keys.
+fn batch_rates(nkeys: usize, seconds: f64) -> serde_json::Value {
+    use ed25519_dalek::{Signer, SigningKey};
+    let n = 64;
+    let keys: Vec<SigningKey> = (0..nkeys).map(|i| SigningKey::from_bytes(&[i as u8 + 1; 32])).collect();
+    let msgs: Vec<[u8; 32]> = (0..n).map(|i| dagfold::protocol::crypto::sha256(&[i as u8])).collect();
+    let sigs: Vec<ed25519_dalek::Signature> = (0..n).map(|i| keys[i % nkeys].sign(&msgs[i])).collect();
+    let vks: Vec<ed25519_dalek::VerifyingKey> = (0..n).map(|i| keys[i % nkeys].verifying_key()).collect();
+    let rate = |f: &mut dyn FnMut() -> usize| -> f64 {
+        let t = Instant::now();
+        let mut count = 0usize;
+        while t.elapsed().as_secs_f64() < seconds {
+            count += f();
+        }
+        count as f64 / t.elapsed().as_secs_f64()
+    };
+    let msg_refs: Vec<&[u8]> = msgs.iter().map(|m| m.as_slice()).collect();
+    // Keys parsed inside the timed loop, as a node receiving bytes must.
+    let dalek = rate(&mut || {
+        let vks: Vec<ed25519_dalek::VerifyingKey> =
+            vks.iter().map(|k| ed25519_dalek::VerifyingKey::from_bytes(&k.to_bytes()).unwrap()).collect();
+        ed25519_dalek::verify_batch(&msg_refs, &sigs, &vks).unwrap();
+        n
+    });
+    let consensus = rate(&mut || {
+        let mut v = ed25519_consensus::batch::Verifier::new();
+        for i in 0..n {
+            let vk = ed25519_consensus::VerificationKeyBytes::from(vks[i].to_bytes());
+            v.queue((vk, ed25519_consensus::Signature::from(sigs[i].to_bytes()), &msgs[i]));
+        }
+        v.verify(rand::thread_rng()).unwrap();
+        n
+    });
+    let items: Vec<([u8; 32], [u8; 32], [u8; 64])> = (0..n).map(|i| (vks[i].to_bytes(), msgs[i], sigs[i].to_bytes())).collect();
+    let own = rate(&mut || {
+        assert!(sig::verify_batch(&items).iter().all(|v| *v));
+        n
+    });
+    let strict = rate(&mut || {
+        for i in 0..8 {
+            ed25519_dalek::VerifyingKey::from_bytes(&vks[i].to_bytes()).unwrap().verify_strict(&msgs[i], &sigs[i]).unwrap();
+        }
+        8
+    });
+    serde_json::json!({
+        "keys_in_batch": nkeys,
+        "dalek_verify_batch_64_per_s": dalek,
+        "consensus_batch_64_per_s": consensus,
+        "own_batch_64_per_s": own,
+        "verify_strict_per_s": strict,
+    })
+}
+
+/// The machine's ceiling: the faster of ed25519-dalek's and
+/// ed25519-consensus's batch-64 rate on one core, times the cores. Measured
+/// with 4 keys per batch, as the workloads have 4 writers (ed25519-consensus
+/// and our verifier both merge the terms of one key), and, for reference,
+/// with 64 distinct keys.
+fn ceiling(cores: u32, seconds: f64) -> serde_json::Value {
+    let four = batch_rates(4, seconds);
+    let distinct = batch_rates(64, seconds);
+    let best = |v: &serde_json::Value| {
+        v["dalek_verify_batch_64_per_s"].as_f64().unwrap().max(v["consensus_batch_64_per_s"].as_f64().unwrap())
+    };
+    serde_json::json!({
+        "cores": cores,
+        "ceiling_ops_per_s": best(&four) * cores as f64,
+        "ceiling_distinct_keys_ops_per_s": best(&distinct) * cores as f64,
+        "four_keys": four,
+        "distinct_keys": distinct,
+    })
+}
