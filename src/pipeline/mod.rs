@@ -184,6 +184,9 @@ impl Pipeline {
         // One commit in flight: while the committer syncs batch N the
         // orderer builds N+1, then waits (group commit).
         let (commit_tx, commit_rx) = bounded::<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>(1);
+        // Queue depths, sampled by the orderer for the metrics.
+        let probes: Vec<(&'static str, Receiver<Batch>)> =
+            vec![("verify", verify_rx.clone()), ("authorize", auth_rx.clone()), ("decrypt", dec_rx.clone()), ("order", order_rx.clone())];
         let mut threads = Vec::new();
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new().name(name.into()).spawn(f).expect("spawning a pipeline thread")
@@ -205,7 +208,9 @@ impl Pipeline {
         let tick_ms = cfg.tick_ms;
         threads.push(spawn(
             "dagfold-orderer",
-            Box::new(move || orderer(&mut engine, order_rx, commit_tx, sh, gov_replica, keyring, commit_ops_max, tick_ms)),
+            Box::new(move || {
+                orderer(&mut engine, order_rx, commit_tx, sh, gov_replica, keyring, commit_ops_max, tick_ms, probes)
+            }),
         ));
         let sh = shared.clone();
         let sync = cfg.sync;
@@ -329,6 +334,7 @@ fn orderer(
     keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
     commit_ops_max: usize,
     tick_ms: u64,
+    probes: Vec<(&'static str, Receiver<Batch>)>,
 ) {
     let mut origins: HashMap<Hash, Origin> = HashMap::new();
     let mut last_received = Instant::now();
@@ -394,6 +400,10 @@ fn orderer(
         gauge!("dagfold_buffered_bytes").set(bb as f64);
         *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
         publish_engine_stats(engine);
+        for (stage, rx) in &probes {
+            gauge!("dagfold_queue_batches", "stage" => *stage).set(rx.len() as f64);
+        }
+        gauge!("dagfold_queue_batches", "stage" => "commit").set(commit_tx.len() as f64);
         if commit_tx.send((commit, statuses, applied_origins, last_received)).is_err() {
             return;
         }

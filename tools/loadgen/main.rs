@@ -29,6 +29,28 @@ struct Cli {
 enum Cmd {
     /// Send a generated scope to a node and measure it.
     Run(RunArgs),
+    /// Write a generated scope as a frames file (u32 LE length, then the
+    /// message) for `dagfold import`, for a node with the given keys.
+    File {
+        #[arg(long)]
+        out: PathBuf,
+        /// The node's public key (hex), as `dagfold identity` prints it.
+        #[arg(long)]
+        public_key: String,
+        /// The node's X25519 key (hex).
+        #[arg(long)]
+        kem_public_key: String,
+        #[arg(long, default_value_t = 100_000)]
+        ops: usize,
+        #[arg(long, default_value_t = 4)]
+        writers: usize,
+        #[arg(long)]
+        chain: bool,
+        #[arg(long)]
+        reverse: bool,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Measure the single-core rate of signature verification on this
     /// machine (batch of 64 with ed25519-dalek and ed25519-consensus, the
     /// project's own, and single verify_strict) and print JSON.
@@ -115,6 +137,23 @@ fn main() {
                 std::process::exit(1);
             }
         },
+        Cmd::File { out, public_key, kem_public_key, ops, writers, chain, reverse, seed } => {
+            let h = |s: &str| -> [u8; 32] { hex::decode(s).ok().and_then(|v| v.try_into().ok()).expect("64 hex characters") };
+            let cfg = WorkloadConfig { seed, writers: if chain { 1 } else { writers }, data_ops: ops, chain, ..Default::default() };
+            let w = generate(&cfg, h(&public_key), h(&kem_public_key));
+            let mut frames: Vec<&Vec<u8>> = w.messages.iter().map(|m| &m.frame).collect();
+            if reverse {
+                frames.reverse();
+            }
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&out).expect("creating the output file"));
+            use std::io::Write;
+            for fr in frames {
+                f.write_all(&(fr.len() as u32).to_le_bytes()).unwrap();
+                f.write_all(fr).unwrap();
+            }
+            f.flush().unwrap();
+            println!("{}", serde_json::json!({"scope": hex::encode(w.scope), "root": hex::encode(w.final_root), "messages": w.messages.len()}));
+        }
         Cmd::Ceiling { cores, seconds } => println!("{}", serde_json::to_string(&ceiling(cores, seconds)).unwrap()),
     }
 }

@@ -317,7 +317,7 @@ fn event_multiset(events: &[EventOut]) -> Vec<(Hash, Hash, String, Vec<u8>)> {
 ///    multiset, whenever the first run lost nothing to time or bounds (no
 ///    `key_timeout`, no eviction, no restart with data key waits, default
 ///    bounds).
-pub fn check_scenario(sc: &Scenario) {
+pub fn check_scenario(sc: &Scenario) -> Summary {
     let cfg = sc.config();
     let mut a = Run::new(cfg.clone());
     let mut now: u64 = 0;
@@ -339,6 +339,11 @@ pub fn check_scenario(sc: &Scenario) {
     check_event_seqs(&a.events);
     let ra = reports(&mut a.engine, true, false);
     let comparable = sc.tight.is_none() && a.key_timeouts == 0 && a.evicted == 0 && !a.lost_memory_waits;
+    let summary = Summary {
+        stats: a.engine.stats.clone(),
+        restarts: sc.steps.iter().filter(|s| matches!(s, Step::Restart)).count() as u32,
+        comparable,
+    };
     // Restore at the end.
     a.restart(&cfg, now);
 
@@ -356,4 +361,15 @@ pub fn check_scenario(sc: &Scenario) {
         assert_eq!(ra, rb, "the same frames in causal order give the same state");
         assert_eq!(event_multiset(&a.events), event_multiset(&b.events), "the same frames give the same events");
     }
+    summary
+}
+
+/// What a scenario reached, for judging the harness (`DAGFOLD_FUZZ_TALLY`).
+#[derive(Clone, Debug)]
+pub struct Summary {
+    /// The engine's counters since its last restart (before the final one).
+    pub stats: dagfold::core::Stats,
+    pub restarts: u32,
+    /// Whether the causal-order comparison ran.
+    pub comparable: bool,
 }

@@ -30,8 +30,9 @@ pub struct EngineInput {
     pub rotate_at: Option<u8>,
     pub remove_writer_at: Option<u8>,
     pub chain: bool,
-    /// Tight buffer bounds (eviction, forgotten drops) instead of the defaults.
-    pub tight: Option<(u8, u16, u8)>,
+    /// Tight buffer bounds (eviction, forgotten drops) instead of the
+    /// defaults, when `tight.0 % 8 == 0`.
+    pub tight: (u8, u8, u16, u8),
     pub mutations: Vec<Mutation>,
     /// After the i-th delivered message: bit 0 commit, bit 1 tick, bits 2..3
     /// advance the clock (0, 100 ms, 1 s, 5 s), high nibble 0xF restart.
@@ -51,9 +52,14 @@ pub enum Mutation {
     /// Xors one byte of a frame (no re-signing: mostly malformed or
     /// bad_signature).
     FlipByte { at: u16, pos: u32, xor: u8 },
-    /// Edits an op and re-signs it, so that the edit reaches the deep
-    /// verdicts. `keep_original`: insert the edited copy beside it.
-    Edit { at: u16, edit: Edit, signer: Signer, keep_original: bool },
+    /// Edits fields of the `at`-th op (key deliveries are not counted) and
+    /// re-signs it (`None`: by its author, if a member), so that the edit
+    /// reaches the deep verdicts, not only bad_signature. `keep_original`:
+    /// insert the edited copy beside it.
+    Edit { at: u16, edits: Vec<Edit>, signer: Option<Signer>, keep_original: bool },
+    /// Moves every key delivery to the end: ops wait for their keys (data
+    /// ops in memory, until a clock advance drops them for now).
+    KeysLast,
     /// A key delivery of a key from the pool to the node (or to another
     /// member, which the node must ignore), inserted at `at`.
     DeliverKey { at: u16, key: u8, to_node: bool, ephemeral: u8 },
@@ -63,17 +69,19 @@ pub enum Mutation {
 pub enum Edit {
     HlcAdd(i8),
     HlcSet(u64),
-    /// Adds, as parent, the id of the op at that position.
+    /// Adds, as parent, the id of the `n`-th op.
     AddParent(u16),
     RemoveParent(u8),
     AddCut(u16),
     RemoveCut(u8),
+    /// Replaces the cut with the id of the `n`-th op alone.
+    SetCut(u16),
     /// Flips the plane (governance <-> data).
     Plane,
     /// Sets `key_id` to a key of the pool (not re-sealing: undecryptable or
     /// stale_key), or ZERO.
     KeyId(Option<u8>),
-    /// Sets `scope` to the id of the op at that position, or ZERO.
+    /// Sets `scope` to the id of the `n`-th op, or ZERO.
     Scope(Option<u16>),
     /// Xors one byte of the body (the op is re-decoded; skipped if it no
     /// longer decodes).
@@ -118,8 +126,6 @@ pub enum MemberChoice {
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum Signer {
-    /// The op's author, if it is a member (else the op is not re-signed).
-    Author,
     Admin,
     Writer(u8),
     Node,
@@ -193,18 +199,29 @@ impl Ctx<'_> {
         }
     }
 
-    fn signer(&self, s: Signer, author: &PublicKey) -> Option<&Member> {
+    /// `None`: the op's author, if it is a member (else it is not re-signed).
+    fn signer(&self, s: Option<Signer>, author: &PublicKey) -> Option<&Member> {
         match s {
-            Signer::Author => std::iter::once(&self.w.admin)
+            None => std::iter::once(&self.w.admin)
                 .chain(&self.w.writers)
                 .chain(std::iter::once(&self.node))
                 .find(|m| m.public_key == *author),
-            Signer::Admin => Some(&self.w.admin),
-            Signer::Writer(i) => Some(&self.w.writers[i as usize % self.w.writers.len()]),
-            Signer::Node => Some(&self.node),
-            Signer::None => None,
+            Some(Signer::Admin) => Some(&self.w.admin),
+            Some(Signer::Writer(i)) => Some(&self.w.writers[i as usize % self.w.writers.len()]),
+            Some(Signer::Node) => Some(&self.node),
+            Some(Signer::None) => None,
         }
     }
+}
+
+/// The position of the `n`-th op frame (key deliveries and broken frames
+/// are not counted), modulo their number.
+fn nth_op(msgs: &[(u32, Vec<u8>)], n: u16) -> Option<usize> {
+    let ops: Vec<usize> = (0..msgs.len()).filter(|&i| msgs[i].1.first() == Some(&MESSAGE_OP)).collect();
+    if ops.is_empty() {
+        return None;
+    }
+    Some(ops[n as usize % ops.len()])
 }
 
 fn decode_op_frame(frame: &[u8]) -> Option<Op> {
@@ -307,7 +324,7 @@ fn edit_plain(ctx: &Ctx<'_>, old: Vec<u8>, e: &PlainEdit) -> Vec<u8> {
 
 /// Applies one edit to `op`; `false` if it does not apply.
 fn apply_edit(ctx: &Ctx<'_>, msgs: &[(u32, Vec<u8>)], op: &mut Op, e: &Edit) -> bool {
-    let id_at = |i: u16| id_of(&msgs[i as usize % msgs.len()].1);
+    let id_at = |i: u16| nth_op(msgs, i).and_then(|j| id_of(&msgs[j].1));
     match e {
         Edit::HlcAdd(d) => op.hlc = op.hlc.wrapping_add(*d as i64 as u64),
         Edit::HlcSet(h) => op.hlc = *h,
@@ -336,6 +353,10 @@ fn apply_edit(ctx: &Ctx<'_>, msgs: &[(u32, Vec<u8>)], op: &mut Op, e: &Edit) -> 
             }
             let i = *i as usize % op.cut.len();
             op.cut.remove(i);
+        }
+        Edit::SetCut(i) => {
+            let Some(id) = id_at(*i) else { return false };
+            op.cut = vec![id];
         }
         Edit::Plane => op.plane ^= 1,
         Edit::KeyId(k) => op.key_id = k.map_or(ZERO, |k| key_id_of(&ctx.key(k))),
@@ -404,11 +425,15 @@ fn apply_mutation(ctx: &Ctx<'_>, msgs: &mut Vec<(u32, Vec<u8>)>, m: &Mutation) {
                 f[i] ^= *xor;
             }
         }
-        Mutation::Edit { at: a, edit, signer, keep_original } => {
-            let i = at(*a);
+        Mutation::Edit { at: a, edits, signer, keep_original } => {
+            let Some(i) = nth_op(msgs, *a) else { return };
             let Some(mut op) = decode_op_frame(&msgs[i].1) else { return };
             let author = op.author;
-            if !apply_edit(ctx, msgs, &mut op, edit) {
+            let mut changed = false;
+            for e in edits.iter().take(4) {
+                changed |= apply_edit(ctx, msgs, &mut op, e);
+            }
+            if !changed {
                 return;
             }
             let frame = match ctx.signer(*signer, &author) {
@@ -421,6 +446,11 @@ fn apply_mutation(ctx: &Ctx<'_>, msgs: &mut Vec<(u32, Vec<u8>)>, m: &Mutation) {
             } else {
                 msgs[i] = (rank, frame);
             }
+        }
+        Mutation::KeysLast => {
+            let (keys, rest): (Vec<_>, Vec<_>) = msgs.drain(..).partition(|(_, f)| f.first() == Some(&MESSAGE_KEY));
+            msgs.extend(rest);
+            msgs.extend(keys);
         }
         Mutation::DeliverKey { at: a, key, to_node, ephemeral } => {
             let k = ctx.key(*key);
@@ -483,6 +513,7 @@ pub fn build(input: &EngineInput) -> Scenario {
             }
         }
     }
-    let tight = input.tight.map(|(o, b, d)| (1 + (o % 8) as u64, 256 + b as u64 * 4, 1 + (d % 16) as u64));
+    let (sel, o, b, d) = input.tight;
+    let tight = (sel % 8 == 0).then(|| (1 + (o % 8) as u64, 256 + b as u64 * 4, 1 + (d % 16) as u64));
     Scenario { tight, steps }
 }

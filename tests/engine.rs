@@ -1,0 +1,134 @@
+//! Engine behaviour beyond the vectors: hostile input, the cascade's bound,
+//! eviction, key-wait expiry.
+
+use dagfold::core::{Config, Engine, Identity, OpState, Outcome};
+use dagfold::protocol::*;
+use dagfold::workload::{generate, WorkloadConfig};
+
+fn node() -> Identity {
+    Identity::from_secrets([5; 32], [6; 32])
+}
+
+fn workload(cfg: WorkloadConfig) -> dagfold::workload::Workload {
+    let id = node();
+    generate(&cfg, id.public_key, id.kem_public)
+}
+
+/// Truncations, trailing bytes, bad variants, bad UTF-8, over-limit length
+/// prefixes: all `malformed`, none panics, none is remembered.
+#[test]
+fn hostile_frames_are_malformed_and_never_panic() {
+    let w = workload(WorkloadConfig { data_ops: 20, ..Default::default() });
+    let mut e = Engine::new(Config::default(), node());
+    let mut count = 0u64;
+    for m in &w.messages {
+        let f = &m.frame;
+        let mut cases: Vec<Vec<u8>> = Vec::new();
+        for cut in [1, 2, 5, 33, f.len() / 2, f.len() - 1] {
+            if cut < f.len() {
+                cases.push(f[..cut].to_vec());
+            }
+        }
+        cases.push([f.as_slice(), &[0]].concat());
+        let mut v = f.clone();
+        v[0] = 255;
+        cases.push(v);
+        let mut v = f.clone();
+        v[0] = 9;
+        cases.push(v);
+        if f[0] == MESSAGE_OP {
+            // Length prefixes of `parents` at offset 1+1+32+1+32 set past the
+            // limit and to 4 GiB: rejected before any allocation.
+            for len in [33u32, u32::MAX] {
+                let mut v = f.clone();
+                v[67..71].copy_from_slice(&len.to_le_bytes());
+                cases.push(v);
+            }
+            let mut v = f.clone();
+            v[1] = 2; // version
+            cases.push(v);
+        }
+        for c in cases {
+            count += 1;
+            assert_eq!(e.handle_frame(&c, 0), Outcome::Malformed, "frame {}", hex::encode(&c[..c.len().min(16)]));
+        }
+    }
+    assert_eq!(e.stats.malformed, count);
+    assert!(e.scope_ids().is_empty(), "nothing malformed is remembered");
+    // Bad UTF-8 inside a decrypted payload is bad_payload, not malformed: the
+    // codec says so directly.
+    let mut bad = Vec::new();
+    bad.extend_from_slice(&[0u8; 32]);
+    bad.extend_from_slice(&1u32.to_le_bytes());
+    bad.push(0);
+    bad.extend_from_slice(&2u32.to_le_bytes());
+    bad.extend_from_slice(&[0xC3, 0x28]);
+    assert!(matches!(codec::decode_data_payload(&bad), Err(DecodeError::BadUtf8 | DecodeError::Truncated)));
+}
+
+/// A 100,000-op chain delivered in exact reverse applies in one cascade,
+/// each op released once: no recursion, no rescans.
+#[test]
+fn reversed_100k_chain_applies_in_one_cascade() {
+    let w = workload(WorkloadConfig { data_ops: 100_000, chain: true, writers: 1, events_per_op: 0, actions_per_op: 1, ..Default::default() });
+    let mut e = Engine::new(Config::default(), node());
+    let n = w.messages.len();
+    for m in w.messages.iter().rev().take(n - 1) {
+        let o = e.handle_frame(&m.frame, 0);
+        assert!(matches!(o, Outcome::NotYet(_) | Outcome::KeyIgnored | Outcome::KeyAccepted), "{o:?}");
+    }
+    assert_eq!(e.applied_total(), 0);
+    let released_before = e.stats.cascade_released;
+    assert_eq!(e.handle_frame(&w.messages[0].frame, 0), Outcome::Applied);
+    assert_eq!(e.applied_total(), w.messages.iter().filter(|m| m.id != ZERO).count() as u64);
+    // Each op is released at most once per dependency it waited on (a data
+    // op here waits on its parent and on the governance op of its cut).
+    let released = e.stats.cascade_released - released_before;
+    assert!((100_001..=2 * 100_001).contains(&released), "released {released}");
+    assert_eq!(e.scope_root(&w.scope), Some(w.final_root));
+}
+
+#[test]
+fn buffers_evict_oldest_first_and_count() {
+    let w = workload(WorkloadConfig { data_ops: 50, chain: true, writers: 1, ..Default::default() });
+    let cfg = Config { buffered_ops_per_scope_max: 10, buffered_ops_total_max: 10, ..Config::default() };
+    let mut e = Engine::new(cfg, node());
+    let data: Vec<_> = w.messages.iter().filter(|m| m.is_data).collect();
+    for m in &data {
+        e.handle_frame(&m.frame, 0); // all orphans: the governance never came
+    }
+    assert_eq!(e.stats.evicted, 40);
+    assert_eq!(e.buffered_total().0, 10);
+    for (i, m) in data.iter().enumerate() {
+        let kept = e.op_state(&m.id) != OpState::Unknown;
+        assert_eq!(kept, i >= 40, "op {i}: the oldest are evicted");
+    }
+    // An evicted op is judged afresh when delivered again.
+    assert!(matches!(e.handle_frame(&data[0].frame, 0), Outcome::NotYet(_)));
+}
+
+#[test]
+fn data_key_wait_expires_and_is_judged_afresh() {
+    // k1 then a rotation to k2: data ops are encrypted with k2.
+    let w = workload(WorkloadConfig { data_ops: 3, rotate_at: Some(0), ..Default::default() });
+    let mut e = Engine::new(Config { data_key_wait_ms: 3_000, ..Config::default() }, node());
+    let keys: Vec<_> = w.messages.iter().filter(|m| m.frame[0] == MESSAGE_KEY).collect();
+    assert_eq!(keys.len(), 2);
+    for m in w.messages.iter().filter(|m| !m.is_data && m.frame[0] == MESSAGE_OP) {
+        e.handle_frame(&m.frame, 1_000);
+    }
+    e.handle_frame(&keys[0].frame, 1_000); // k1 only
+    let d = w.messages.iter().find(|m| m.is_data).unwrap();
+    assert_eq!(e.handle_frame(&d.frame, 1_000), Outcome::NotYet(dagfold::core::BufKind::DataKeyWait));
+    e.handle_tick(3_999);
+    assert_eq!(e.op_state(&d.id), OpState::Buffered(dagfold::core::BufKind::DataKeyWait));
+    e.handle_tick(4_000);
+    assert_eq!(e.op_state(&d.id), OpState::Unknown, "dropped for now: not a verdict");
+    assert_eq!(e.stats.key_timeouts, 1);
+    // Delivered again, it is judged afresh; the key then releases it.
+    assert_eq!(e.handle_frame(&d.frame, 5_000), Outcome::NotYet(dagfold::core::BufKind::DataKeyWait));
+    assert_eq!(e.handle_frame(&keys[1].frame, 5_001), Outcome::KeyAccepted);
+    assert_eq!(e.op_state(&d.id), OpState::Applied);
+    e.handle_tick(100_000);
+    assert_eq!(e.op_state(&d.id), OpState::Applied, "a stale deadline does not touch an applied op");
+}
