@@ -262,3 +262,30 @@ fn identity_is_created_once_and_kept() {
     assert_eq!(v["public_key"].as_str().unwrap().len(), 64);
     assert_eq!(v["kem_public_key"].as_str().unwrap().len(), 64);
 }
+
+/// An op buffered and released within one commit never reaches the disk;
+/// one still buffered at the commit does.
+#[test]
+fn buffer_records_within_one_commit_cancel_out() {
+    let scn = scenario("02_reversed_delivery");
+    let msgs = messages(&scn);
+    let mut store = MemStore::new();
+    seed_identity(&mut store, &scn);
+    let mut node = Durable::open(store, Config::default(), 0).unwrap();
+    let half = msgs.len() / 2;
+    node.handle_frames(&msgs[..half], 0).unwrap();
+    let pending_on_disk = node.store.table(Cf::Pending).map(|t| t.len()).unwrap_or(0);
+    let (buffered, _) = node.engine.buffered_total();
+    assert!(buffered > 0);
+    assert_eq!(pending_on_disk + node.store.table(Cf::KeyWaits).map(|t| t.len()).unwrap_or(0), buffered as usize);
+    node.handle_frames(&msgs[half..], 0).unwrap();
+    assert_eq!(node.store.table(Cf::Pending).map(|t| t.len()).unwrap_or(0), 0);
+    check_scopes("02 in two commits", &mut node.engine, &scn, true);
+    // All in one commit: no pending record is ever written.
+    let mut store = MemStore::new();
+    seed_identity(&mut store, &scn);
+    let mut node = Durable::open(store, Config::default(), 0).unwrap();
+    node.handle_frames(&msgs, 0).unwrap();
+    assert!(node.store.table(Cf::Pending).is_none_or(|t| t.is_empty()));
+    check_scopes("02 in one commit", &mut node.engine, &scn, true);
+}

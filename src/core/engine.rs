@@ -454,6 +454,10 @@ pub struct Engine {
     out: Commit,
     /// Scopes whose status changed since `take_touched_scopes`.
     touched: Vec<u32>,
+    /// Buffer records put in the commit being built: an op buffered and
+    /// released within one commit never needs to reach the disk.
+    fresh_buffer_puts: std::collections::HashSet<(u8, Hash)>,
+    cancelled_buffer_puts: std::collections::HashSet<(u8, Hash)>,
     pub stats: Stats,
 }
 
@@ -488,6 +492,8 @@ impl Engine {
             work: VecDeque::new(),
             out: Commit::default(),
             touched: Vec::new(),
+            fresh_buffer_puts: Default::default(),
+            cancelled_buffer_puts: Default::default(),
             stats: Stats::default(),
         };
         e.intern_cut(&[]);
@@ -787,20 +793,35 @@ impl Engine {
 
     /// Deletes the durable record of a buffered op leaving its buffer.
     fn forget_prior(&mut self, id: &Hash, prior: Option<&Buffered>) {
-        match prior.map(|b| b.kind) {
-            Some(BufKind::Pending) => self.out.writes.push(Write::Delete(Cf::Pending, id.to_vec())),
-            Some(BufKind::KeyWait) => self.out.writes.push(Write::Delete(Cf::KeyWaits, id.to_vec())),
-            Some(BufKind::DataKeyWait) | None => {}
+        let cf = match prior.map(|b| b.kind) {
+            Some(BufKind::Pending) => Cf::Pending,
+            Some(BufKind::KeyWait) => Cf::KeyWaits,
+            Some(BufKind::DataKeyWait) | None => return,
+        };
+        let key = (cf as u8, *id);
+        if self.fresh_buffer_puts.remove(&key) {
+            // Put in this very commit: drop the put instead of deleting.
+            self.cancelled_buffer_puts.insert(key);
+        } else {
+            self.out.writes.push(Write::Delete(cf, id.to_vec()));
         }
     }
 
     #[allow(clippy::too_many_arguments)]
     fn buffer(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, kind: BufKind, missing: Vec<Hash>, now_ms: u64) {
         let seq = self.next_seq();
-        match kind {
-            BufKind::Pending => self.out.writes.push(Write::Put(Cf::Pending, id.to_vec(), seq_and_bytes(seq, &bytes))),
-            BufKind::KeyWait => self.out.writes.push(Write::Put(Cf::KeyWaits, id.to_vec(), seq_and_bytes(seq, &bytes))),
-            BufKind::DataKeyWait => {}
+        let cf = match kind {
+            BufKind::Pending => Some(Cf::Pending),
+            BufKind::KeyWait => Some(Cf::KeyWaits),
+            BufKind::DataKeyWait => None,
+        };
+        if let Some(cf) = cf {
+            let key = (cf as u8, id);
+            // Put, released and put again in one commit: both puts stay and
+            // the later one wins.
+            self.cancelled_buffer_puts.remove(&key);
+            self.fresh_buffer_puts.insert(key);
+            self.out.writes.push(Write::Put(cf, id.to_vec(), seq_and_bytes(seq, &bytes)));
         }
         let deadline_ms = now_ms.saturating_add(self.cfg.data_key_wait_ms);
         if kind == BufKind::DataKeyWait {
@@ -1013,6 +1034,24 @@ impl Engine {
 
     /// Everything changed since the last call, as one atomic batch.
     pub fn take_commit(&mut self) -> Commit {
+        if !self.cancelled_buffer_puts.is_empty() {
+            // Keep only the last put of a key whose record was put and then
+            // released within this commit: drop every put of cancelled keys
+            // that is not followed by a live re-put.
+            let cancelled = std::mem::take(&mut self.cancelled_buffer_puts);
+            let writes = std::mem::take(&mut self.out.writes);
+            self.out.writes = writes
+                .into_iter()
+                .filter(|w| match w {
+                    Write::Put(cf @ (Cf::Pending | Cf::KeyWaits), k, _) => {
+                        let id: Hash = k.as_slice().try_into().expect("buffer keys are ids");
+                        !cancelled.contains(&(*cf as u8, id))
+                    }
+                    _ => true,
+                })
+                .collect();
+        }
+        self.fresh_buffer_puts.clear();
         for s in self.scopes.iter_mut().filter(|s| s.dirty) {
             s.dirty = false;
             let rec = ScopeRecord {

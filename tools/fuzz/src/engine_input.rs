@@ -57,6 +57,11 @@ pub enum Mutation {
     /// reaches the deep verdicts, not only bad_signature. `keep_original`:
     /// insert the edited copy beside it.
     Edit { at: u16, edits: Vec<Edit>, signer: Option<Signer>, keep_original: bool },
+    /// One edit aimed at each verdict of SPEC §6, re-signed by the author
+    /// (`kind % 8`: clock, wrong_plane, unauthorized, stale_key, stale_cut,
+    /// undecryptable, bad_payload, bad genesis payload). Single mutations
+    /// that coverage alone finds only slowly.
+    Verdict { at: u16, kind: u8, arg: u8 },
     /// Moves every key delivery to the end: ops wait for their keys (data
     /// ops in memory, until a clock advance drops them for now).
     KeysLast,
@@ -87,8 +92,13 @@ pub enum Edit {
     /// longer decodes).
     BodyByte { pos: u32, xor: u8 },
     /// Opens the payload with its key, changes the plaintext, seals it again
-    /// with a key of the pool (and sets `key_id` to it unless `keep_key_id`).
-    Reseal { plain: PlainEdit, key: u8, keep_key_id: bool },
+    /// with a key of the pool (`None`: its own key), and sets `key_id` to
+    /// that key unless `keep_key_id`.
+    Reseal { plain: PlainEdit, key: Option<u8>, keep_key_id: bool },
+    /// Sets `hlc` to the largest `hlc` among its dependencies (clock).
+    HlcOfDependency,
+    /// Adds the id of the `n`-th data op to the cut (wrong_plane).
+    AddDataCut(u16),
 }
 
 #[derive(Arbitrary, Debug)]
@@ -369,6 +379,30 @@ fn apply_edit(ctx: &Ctx<'_>, msgs: &[(u32, Vec<u8>)], op: &mut Op, e: &Edit) -> 
                 },
             }
         }
+        Edit::HlcOfDependency => {
+            let deps: Vec<Hash> = op.dependencies().copied().collect();
+            let hlc = msgs.iter().filter_map(|(_, f)| decode_op_frame(f)).filter(|o| {
+                let (_, id) = dagfold::protocol::crypto::encode_op(o);
+                deps.contains(&id)
+            });
+            let Some(max) = hlc.map(|o| o.hlc).max() else { return false };
+            op.hlc = max;
+        }
+        Edit::AddDataCut(i) => {
+            let data: Vec<Hash> = msgs
+                .iter()
+                .filter_map(|(_, f)| match decode_frame(f) {
+                    Ok(Decoded::Op { id, op, .. }) if op.plane == PLANE_DATA => Some(id),
+                    _ => None,
+                })
+                .collect();
+            if data.is_empty() {
+                return false;
+            }
+            op.cut.push(data[*i as usize % data.len()]);
+            op.cut.sort();
+            op.cut.dedup();
+        }
         Edit::BodyByte { pos, xor } => {
             let (mut frame, _) = op_frame(op);
             let body_len = frame.len() - 1 - 64;
@@ -386,7 +420,8 @@ fn apply_edit(ctx: &Ctx<'_>, msgs: &[(u32, Vec<u8>)], op: &mut Op, e: &Edit) -> 
             if op.scope == ZERO {
                 op.payload = p;
             } else {
-                let k = ctx.key(*key);
+                let own = ctx.pool.iter().find(|k| key_id_of(k) == op.key_id).copied();
+                let Some(k) = key.map(|k| ctx.key(k)).or(own) else { return false };
                 op.payload = seal_payload(&k, &op.nonce, &op.scope, op.plane, &p);
                 if !keep_key_id {
                     op.key_id = key_id_of(&k);
@@ -424,6 +459,27 @@ fn apply_mutation(ctx: &Ctx<'_>, msgs: &mut Vec<(u32, Vec<u8>)>, m: &Mutation) {
                 let i = *pos as usize % f.len();
                 f[i] ^= *xor;
             }
+        }
+        Mutation::Verdict { at: a, kind, arg } => {
+            let own = None;
+            let (edits, signer): (Vec<Edit>, Option<Signer>) = match kind % 8 {
+                0 => (vec![Edit::HlcOfDependency], None),
+                1 => (vec![Edit::AddDataCut(*arg as u16)], None),
+                2 => (vec![Edit::HlcAdd(0)], Some(Signer::Node)),
+                3 => (vec![Edit::Reseal { plain: PlainEdit::Keep, key: Some(*arg), keep_key_id: false }], None),
+                // The first governance op after the genesis adds the members:
+                // its cut is behind every rotation and removal.
+                4 => (vec![Edit::SetCut(1), Edit::Reseal { plain: PlainEdit::Keep, key: Some(0), keep_key_id: false }], None),
+                5 => (vec![Edit::Reseal { plain: PlainEdit::Keep, key: Some(*arg), keep_key_id: true }], None),
+                6 => (vec![Edit::Reseal { plain: PlainEdit::Truncate(*arg as u16), key: own, keep_key_id: false }], None),
+                _ => {
+                    let plain = PlainEdit::Flip { pos: *arg as u16, xor: 0x80 };
+                    let m = Mutation::Edit { at: 0, edits: vec![Edit::Reseal { plain, key: own, keep_key_id: false }], signer: None, keep_original: true };
+                    return apply_mutation(ctx, msgs, &m);
+                }
+            };
+            let m = Mutation::Edit { at: *a, edits, signer, keep_original: arg & 1 == 1 };
+            apply_mutation(ctx, msgs, &m);
         }
         Mutation::Edit { at: a, edits, signer, keep_original } => {
             let Some(i) = nth_op(msgs, *a) else { return };
