@@ -126,7 +126,9 @@ pub enum Cf {
     Keys,
     /// Node identity and per-scope records (heads, counters).
     Meta,
-    /// scope ‖ seq (big-endian) → op ‖ kind ‖ data: the event log.
+    /// scope ‖ first seq (big-endian) → the events of one commit in that
+    /// scope, consecutive from `first seq`: count ‖ (op ‖ borsh(Event))*.
+    /// One record per commit and scope, not per event.
     Events,
 }
 
@@ -994,11 +996,6 @@ impl Engine {
                 for ev in p.events {
                     s.event_seq += 1;
                     let seq = s.event_seq;
-                    let mut key = s.id.to_vec();
-                    key.extend_from_slice(&seq.to_be_bytes());
-                    let mut val = id.to_vec();
-                    val.extend_from_slice(&encode(&ev));
-                    self.out.writes.push(Write::Put(Cf::Events, key, val));
                     self.stats.events += 1;
                     self.out.events.push(EventOut { scope: s.id, seq, op: id, kind: ev.kind, data: ev.data });
                 }
@@ -1052,6 +1049,26 @@ impl Engine {
                 .collect();
         }
         self.fresh_buffer_puts.clear();
+        // The event log: one record per scope for this commit.
+        let mut i = 0;
+        while i < self.out.events.len() {
+            let scope = self.out.events[i].scope;
+            let first = self.out.events[i].seq;
+            let mut j = i;
+            let mut val = Vec::new();
+            val.extend_from_slice(&0u32.to_le_bytes());
+            while j < self.out.events.len() && self.out.events[j].scope == scope {
+                let e = &self.out.events[j];
+                assert_eq!(e.seq, first + (j - i) as u64, "a scope's events are consecutive in a commit");
+                val.extend_from_slice(&e.op);
+                val.extend_from_slice(&encode(&Event { kind: e.kind.clone(), data: e.data.clone() }));
+                j += 1;
+            }
+            val[..4].copy_from_slice(&((j - i) as u32).to_le_bytes());
+            let key = [scope.as_slice(), &first.to_be_bytes()].concat();
+            self.out.writes.push(Write::Put(Cf::Events, key, val));
+            i = j;
+        }
         for s in self.scopes.iter_mut().filter(|s| s.dirty) {
             s.dirty = false;
             let rec = ScopeRecord {

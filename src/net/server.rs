@@ -196,7 +196,8 @@ pub enum NetError {
 }
 
 /// Makes the node's endpoint: bound to `cfg.listen`, serving with the
-/// certificate kept in `tls_dir` (made on first use), and able to dial peers
+/// certificate and stateless-reset key kept in `tls_dir` (made on first
+/// use), and able to dial peers
 /// with the accept-any client config (`client::connect`). Needs a tokio
 /// runtime (quinn spawns its driver).
 pub fn make_endpoint(cfg: &ServerConfig, tls_dir: &Path) -> Result<Endpoint, NetError> {
@@ -207,8 +208,14 @@ pub fn make_endpoint(cfg: &ServerConfig, tls_dir: &Path) -> Result<Endpoint, Net
     // Connection attempts not yet handled by the accept loop: it handles
     // each at once, so a backlog of one limit's worth is ample.
     server.max_incoming(cfg.connections_max as usize);
+    // The persisted reset key: peers of a previous run of this node get a
+    // stateless reset they accept (see `tls`), not 30 s of silence.
+    let reset_key = tls::load_or_create_reset_key(tls_dir)?;
+    let bind = |source| NetError::Bind { addr: cfg.listen, source };
+    let socket = std::net::UdpSocket::bind(cfg.listen).map_err(bind)?;
+    let runtime = quinn::default_runtime().ok_or_else(|| bind(io::Error::other("no async runtime found")))?;
     let mut endpoint =
-        Endpoint::server(server, cfg.listen).map_err(|source| NetError::Bind { addr: cfg.listen, source })?;
+        Endpoint::new(quinn::EndpointConfig::new(Arc::new(reset_key)), Some(server), socket, runtime).map_err(bind)?;
     endpoint.set_default_client_config(client_config(cfg)?);
     Ok(endpoint)
 }

@@ -6,6 +6,12 @@
 //! in order, not to say who the peer is. The handshake signature is still
 //! checked, so a connection is at least to whoever holds the presented key.
 //!
+//! The endpoint's stateless-reset key (RFC 9000 §10.3) is persisted beside
+//! the certificate: a node restarted after a crash answers packets of the
+//! connections its previous run held with a stateless reset that those
+//! peers accept, so they drop the dead connection and redial at once
+//! instead of waiting out the idle timeout (30 s) for each restart.
+//!
 //! The ring crypto provider is passed explicitly into every rustls builder,
 //! so nothing depends on (or installs) a process-wide default provider.
 
@@ -30,6 +36,7 @@ pub const SERVER_NAME: &str = "dagfold";
 /// File names inside the TLS directory.
 pub const CERT_FILE: &str = "cert.der";
 pub const KEY_FILE: &str = "key.der";
+pub const RESET_KEY_FILE: &str = "reset-key.bin";
 
 /// Why the TLS material or configuration could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +100,62 @@ pub fn load_or_create_cert(dir: &Path) -> Result<NodeCert, TlsError> {
             Ok(NodeCert { cert, key: PrivatePkcs8KeyDer::from(key) })
         }
         Err(source) => Err(TlsError::Io { path: cert_path, source }),
+    }
+}
+
+/// The HMAC-SHA256 key from which the endpoint derives the stateless-reset
+/// token of each connection id it issues (quinn's `EndpointConfig`).
+pub struct ResetKey([u8; 32]);
+
+impl ResetKey {
+    fn tag(&self, data: &[u8]) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let (mut ipad, mut opad) = ([0x36u8; 64], [0x5cu8; 64]);
+        for (i, k) in self.0.iter().enumerate() {
+            ipad[i] ^= k;
+            opad[i] ^= k;
+        }
+        let inner = Sha256::new().chain_update(ipad).chain_update(data).finalize();
+        Sha256::new().chain_update(opad).chain_update(inner).finalize().into()
+    }
+}
+
+impl quinn::crypto::HmacKey for ResetKey {
+    fn sign(&self, data: &[u8], signature_out: &mut [u8]) {
+        let tag = self.tag(data);
+        let n = signature_out.len().min(tag.len());
+        signature_out[..n].copy_from_slice(&tag[..n]);
+    }
+
+    fn signature_len(&self) -> usize {
+        32
+    }
+
+    fn verify(&self, data: &[u8], signature: &[u8]) -> Result<(), quinn::crypto::CryptoError> {
+        let tag = self.tag(data);
+        let same = signature.len() == tag.len() && signature.iter().zip(tag).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        same.then_some(()).ok_or(quinn::crypto::CryptoError)
+    }
+}
+
+/// Loads the stateless-reset key from `dir`, or makes and persists one
+/// (written like the certificate's key: temporary name, sync, rename).
+pub fn load_or_create_reset_key(dir: &Path) -> Result<ResetKey, TlsError> {
+    let path = dir.join(RESET_KEY_FILE);
+    match fs::read(&path) {
+        Ok(bytes) if bytes.len() == 32 => Ok(ResetKey(bytes.try_into().expect("32 bytes"))),
+        Ok(_) | Err(_) => {
+            // Missing (first run, or a node from before the key was kept)
+            // or unreadable as a key: a fresh one only costs the resets of
+            // connections from before.
+            use rand::RngCore;
+            let mut key = [0u8; 32];
+            rand::rngs::OsRng.fill_bytes(&mut key);
+            fs::create_dir_all(dir).map_err(|source| TlsError::Io { path: dir.to_owned(), source })?;
+            write_atomically(&path, &key, true)?;
+            sync_dir(dir)?;
+            Ok(ResetKey(key))
+        }
     }
 }
 

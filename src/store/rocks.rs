@@ -137,22 +137,42 @@ impl StoreReader {
         Ok(self.db.get_cf(h, key)?)
     }
 
-    /// Events of `scope` with sequence numbers in `from..=to`, at most `max`.
+    /// Events of `scope` with sequence numbers in `from..=to`, at most
+    /// `max`, each as op ‖ borsh(Event). The log holds one record per commit
+    /// and scope (`core::Cf::Events`): start at the record holding `from`.
     pub fn events(&self, scope: &[u8; 32], from: u64, to: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
         let h = self.db.cf_handle(Cf::Events.name()).expect("every column family is opened");
         let start = [scope.as_slice(), &from.to_be_bytes()].concat();
+        let mut it = self.db.raw_iterator_cf(h);
+        it.seek_for_prev(&start);
+        if !it.valid() || it.key().is_none_or(|k| k.len() != 40 || &k[..32] != scope.as_slice()) {
+            it.seek(&start);
+        }
         let mut out = Vec::new();
-        for item in self.db.iterator_cf(h, IteratorMode::From(&start, rocksdb::Direction::Forward)) {
-            let (k, v) = item?;
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
             if k.len() != 40 || &k[..32] != scope.as_slice() {
                 break;
             }
-            let seq = u64::from_be_bytes(k[32..].try_into().unwrap());
-            if seq > to || out.len() >= max {
-                break;
+            let first = u64::from_be_bytes(k[32..].try_into().unwrap());
+            let mut r = crate::protocol::codec::Reader::new(v);
+            let n = r.u32().expect("event record count");
+            for i in 0..n as u64 {
+                let start = r.position();
+                r.take(32).expect("event op id");
+                r.string(u32::MAX).expect("event kind");
+                r.bytes(u32::MAX).expect("event data");
+                let seq = first + i;
+                if seq > to || out.len() >= max {
+                    return Ok(out);
+                }
+                if seq >= from {
+                    out.push((seq, v[start..r.position()].to_vec()));
+                }
             }
-            out.push((seq, v.to_vec()));
+            it.next();
         }
+        it.status()?;
         Ok(out)
     }
 }

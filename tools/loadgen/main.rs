@@ -4,7 +4,11 @@
 //! applied, checks the node's root against its own fold, and reports
 //! throughput, latency, the node's CPU and memory, and bytes on disk per op.
 //!
-//! Also `dagfold-loadgen ceiling`: the machine's verification ceiling.
+//! Also `dagfold-loadgen ceiling`: the machine's verification ceiling;
+//! `dagfold-loadgen file`: a generated scope as a frames file; and
+//! `dagfold-loadgen send`: a frames file sent to a node, resent after every
+//! lost connection (from the first op the node's heads do not cover) until
+//! the node shows the expected root (the crash campaign's load).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,7 +54,17 @@ enum Cmd {
         reverse: bool,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Also deliver the scope's keys to this node (`PUBLIC_KEY:KEM_PUBLIC_KEY`,
+        /// hex; repeatable), so that it can read the scope too (a peer).
+        #[arg(long = "extra-recipient")]
+        extra_recipients: Vec<String>,
     },
+    /// Send a frames file (as `file` writes it) to a node over QUIC. With
+    /// --scope and --root, keep (re)sending until the node's status shows
+    /// that root and every op of the file applied: after a lost connection
+    /// (a killed node) it reconnects and resends the governance prefix and
+    /// the data ops from the first one its heads do not cover. Prints JSON.
+    Send(SendArgs),
     /// Measure the single-core rate of signature verification on this
     /// machine (batch of 64 with ed25519-dalek and ed25519-consensus, the
     /// project's own, and single verify_strict) and print JSON.
@@ -127,6 +141,45 @@ struct RunArgs {
     name: String,
 }
 
+#[derive(clap::Args, Clone)]
+struct SendArgs {
+    /// The node's QUIC address.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    node: SocketAddr,
+    /// The node's HTTP status address.
+    #[arg(long, default_value = "127.0.0.1:7401")]
+    admin: SocketAddr,
+    /// The frames file.
+    #[arg(long)]
+    file: PathBuf,
+    /// The scope the file creates (hex, as `file` prints it).
+    #[arg(long)]
+    scope: Option<String>,
+    /// The root the node must reach (hex, as `file` prints it). Without it,
+    /// the file is sent once and the command exits once the node has
+    /// acknowledged every frame.
+    #[arg(long)]
+    root: Option<String>,
+    /// Frames per second, 0 for full speed.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Streams (one connection): more than 1 breaks the causal order.
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    /// After a complete send, how long the node's applied count may stay
+    /// unchanged before the file is sent again.
+    #[arg(long, default_value_t = 10_000)]
+    settle_ms: u64,
+    /// Pause between attempts after a lost connection.
+    #[arg(long, default_value_t = 200)]
+    retry_ms: u64,
+    /// Give up after this long.
+    #[arg(long, default_value_t = 600)]
+    timeout_s: u64,
+    #[arg(long, default_value = "send")]
+    name: String,
+}
+
 fn main() {
     let cli = Cli::parse();
     match cli.command {
@@ -137,11 +190,23 @@ fn main() {
                 std::process::exit(1);
             }
         },
-        Cmd::File { out, public_key, kem_public_key, ops, writers, chain, reverse, seed } => {
+        Cmd::File { out, public_key, kem_public_key, ops, writers, chain, reverse, seed, extra_recipients } => {
             let h = |s: &str| -> [u8; 32] { hex::decode(s).ok().and_then(|v| v.try_into().ok()).expect("64 hex characters") };
             let cfg = WorkloadConfig { seed, writers: if chain { 1 } else { writers }, data_ops: ops, chain, ..Default::default() };
             let w = generate(&cfg, h(&public_key), h(&kem_public_key));
             let mut frames: Vec<&Vec<u8>> = w.messages.iter().map(|m| &m.frame).collect();
+            // Deliveries for other nodes go just before the first data op.
+            let mut extra: Vec<Vec<u8>> = Vec::new();
+            for (n, r) in extra_recipients.iter().enumerate() {
+                let (pk, kem) = r.split_once(':').expect("--extra-recipient takes PUBLIC_KEY:KEM_PUBLIC_KEY");
+                for (i, k) in w.keys.iter().enumerate() {
+                    let eph = dagfold::protocol::crypto::sha256_parts(&[b"loadgen/extra", &seed.to_le_bytes(), &[n as u8, i as u8]]);
+                    let kd = dagfold::protocol::crypto::seal_key_delivery(w.scope, k, h(pk), &h(kem), &eph);
+                    extra.push(encode(&Message::Key(kd)));
+                }
+            }
+            let first_data = w.messages.iter().position(|m| m.is_data).unwrap_or(frames.len());
+            frames.splice(first_data..first_data, extra.iter());
             if reverse {
                 frames.reverse();
             }
@@ -152,8 +217,19 @@ fn main() {
                 f.write_all(fr).unwrap();
             }
             f.flush().unwrap();
-            println!("{}", serde_json::json!({"scope": hex::encode(w.scope), "root": hex::encode(w.final_root), "messages": w.messages.len()}));
+            let ops = w.messages.iter().filter(|m| m.id != ZERO).count();
+            println!(
+                "{}",
+                serde_json::json!({"scope": hex::encode(w.scope), "root": hex::encode(w.final_root), "messages": w.messages.len() + extra.len(), "ops": ops})
+            );
         }
+        Cmd::Send(args) => match send(args) {
+            Ok(report) => println!("{}", serde_json::to_string(&report).unwrap()),
+            Err(e) => {
+                eprintln!("dagfold-loadgen: {e}");
+                std::process::exit(1);
+            }
+        },
         Cmd::Ceiling { cores, seconds } => println!("{}", serde_json::to_string(&ceiling(cores, seconds)).unwrap()),
     }
 }
@@ -485,4 +561,200 @@ fn ceiling(cores: u32, seconds: f64) -> serde_json::Value {
         "four_keys": four,
         "distinct_keys": distinct,
     })
+}
+
+/// The file's frames, split into the non-data prefix (genesis, governance,
+/// key deliveries: always resent, they are few) and the data ops with their
+/// ids and parents.
+struct FramesFile {
+    prefix: Vec<Vec<u8>>,
+    data: Vec<(Hash, Vec<Hash>, Vec<u8>)>,
+    /// Distinct ops (genesis and governance included): `applied` when done.
+    ops: u64,
+}
+
+fn read_frames_file(path: &std::path::Path) -> Result<FramesFile, String> {
+    let f = std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut r = dagfold::durable::FrameReader::new(std::io::BufReader::new(f));
+    let (mut prefix, mut data) = (Vec::new(), Vec::new());
+    let mut ids = std::collections::HashSet::new();
+    while let Some(item) = r.next_frame().map_err(|e| e.to_string())? {
+        let dagfold::durable::FrameItem::Frame(frame) = item else { return Err("oversized frame in the file".into()) };
+        match dagfold::core::decode_frame(&frame) {
+            Ok(dagfold::core::Decoded::Op { id, op, .. }) => {
+                ids.insert(id);
+                if op.plane == PLANE_DATA {
+                    data.push((id, op.parents.clone(), frame));
+                } else {
+                    prefix.push(frame);
+                }
+            }
+            Ok(dagfold::core::Decoded::Key(_)) | Err(_) => prefix.push(frame),
+        }
+    }
+    Ok(FramesFile { prefix, data, ops: ids.len() as u64 })
+}
+
+/// Index of the first data op (in file order) that is not an ancestor of
+/// (or one of) the node's data heads: everything before it is applied, as
+/// the applied set is closed under ancestry.
+fn first_unapplied(file: &FramesFile, index: &std::collections::HashMap<Hash, usize>, status: Option<&serde_json::Value>) -> usize {
+    let Some(st) = status else { return 0 };
+    let heads: Vec<Hash> = st["data_heads"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|h| hex::decode(h.as_str()?).ok()?.try_into().ok()).collect())
+        .unwrap_or_default();
+    let mut covered = vec![false; file.data.len()];
+    let mut work: Vec<usize> = heads.iter().filter_map(|h| index.get(h).copied()).collect();
+    while let Some(i) = work.pop() {
+        if std::mem::replace(&mut covered[i], true) {
+            continue;
+        }
+        work.extend(file.data[i].1.iter().filter_map(|p| index.get(p).copied()));
+    }
+    covered.iter().position(|c| !c).unwrap_or(file.data.len())
+}
+
+fn send(a: SendArgs) -> Result<serde_json::Value, String> {
+    let file = read_frames_file(&a.file)?;
+    let index: std::collections::HashMap<Hash, usize> = file.data.iter().enumerate().map(|(i, d)| (d.0, i)).collect();
+    let h = |s: &str| -> Result<Hash, String> { hex::decode(s).ok().and_then(|v| v.try_into().ok()).ok_or(format!("not 64 hex characters: {s:?}")) };
+    let scope = a.scope.as_deref().map(h).transpose()?;
+    let root = a.root.as_deref().map(h).transpose()?;
+    let target = match (scope, root) {
+        (Some(s), Some(r)) => Some((s, r)),
+        (None, None) => None,
+        _ => return Err("--scope and --root go together".into()),
+    };
+    let want_ops = file.ops;
+    let done = |st: &Option<serde_json::Value>| -> bool {
+        let (Some((_, r)), Some(st)) = (target, st) else { return false };
+        st["root"] == hex::encode(r) && st["applied"].as_u64() == Some(want_ops)
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(a.timeout_s);
+    let (mut attempts, mut lost, mut resends, mut frames_sent) = (0u64, 0u64, 0u64, 0u64);
+    let mut last_error: Option<String> = None;
+    let mut final_status = None;
+    let total_frames = file.prefix.len() + file.data.len();
+    let file = Arc::new(file);
+    rt.block_on(async {
+        let ncfg = dagfold::net::ServerConfig::default();
+        let endpoint = dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &ncfg).map_err(|e| e.to_string())?;
+        loop {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "timed out after {attempts} attempts; last error: {last_error:?}; status: {final_status:?}"
+                ));
+            }
+            let st = match target {
+                Some((s, _)) => tokio::task::block_in_place(|| status(a.admin, &s)),
+                None => None,
+            };
+            if done(&st) {
+                final_status = st;
+                return Ok(());
+            }
+            let start = if target.is_some() { first_unapplied(&file, &index, st.as_ref()) } else { 0 };
+            attempts += 1;
+            if attempts > 1 {
+                resends += 1;
+            }
+            let sent = Arc::new(AtomicU64::new(0));
+            let attempt = {
+                let file = file.clone();
+                let sent = sent.clone();
+                let endpoint = endpoint.clone();
+                let (node, rate, streams) = (a.node, a.rate, a.streams.max(1));
+                async move {
+                    let conn = dagfold::net::connect(&endpoint, node).await.map_err(|e| e.to_string())?;
+                    dagfold::net::send_frames_uni(&conn, &file.prefix).await.map_err(|e| e.to_string())?;
+                    sent.fetch_add(file.prefix.len() as u64, Ordering::Relaxed);
+                    let mut tasks = Vec::new();
+                    for lane in 0..streams {
+                        let (conn, file, sent) = (conn.clone(), file.clone(), sent.clone());
+                        tasks.push(tokio::spawn(async move {
+                            let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+                            let per_lane = if rate == 0 { 0.0 } else { rate as f64 / streams as f64 };
+                            let began = Instant::now();
+                            let mut k = 0u64;
+                            let mut i = start + lane;
+                            while i < file.data.len() {
+                                if per_lane > 0.0 {
+                                    let due = Duration::from_secs_f64(k as f64 / per_lane);
+                                    let el = began.elapsed();
+                                    if due > el {
+                                        tokio::time::sleep(due - el).await;
+                                    }
+                                }
+                                dagfold::net::write_frame(&mut s, &file.data[i].2).await.map_err(|e| e.to_string())?;
+                                sent.fetch_add(1, Ordering::Relaxed);
+                                k += 1;
+                                i += streams;
+                            }
+                            s.finish().map_err(|e| e.to_string())?;
+                            match s.stopped().await {
+                                Ok(None) => Ok(()),
+                                Ok(Some(code)) => Err(format!("stream stopped by the node with code {code}")),
+                                Err(e) => Err(format!("not acknowledged: {e}")),
+                            }
+                        }));
+                    }
+                    for t in tasks {
+                        t.await.map_err(|e| e.to_string())??;
+                    }
+                    conn.close(0u32.into(), b"sent");
+                    Ok::<(), String>(())
+                }
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let result = match tokio::time::timeout(left, attempt).await {
+                Ok(r) => r,
+                Err(_) => Err("attempt timed out".to_string()),
+            };
+            frames_sent += sent.load(Ordering::Relaxed);
+            if let Err(e) = result {
+                lost += 1;
+                eprintln!("loadgen send: attempt {attempts} from data op {start} failed ({e}); retrying");
+                last_error = Some(e);
+                tokio::time::sleep(Duration::from_millis(a.retry_ms)).await;
+                continue;
+            }
+            let Some((s, _)) = target else { return Ok(()) };
+            // Sent and acknowledged: wait while the node makes progress.
+            let mut last_applied = None;
+            let mut last_change = Instant::now();
+            loop {
+                let st = tokio::task::block_in_place(|| status(a.admin, &s));
+                if done(&st) {
+                    final_status = st;
+                    return Ok(());
+                }
+                let applied = st.as_ref().and_then(|v| v["applied"].as_u64());
+                if applied != last_applied {
+                    last_applied = applied;
+                    last_change = Instant::now();
+                }
+                if last_change.elapsed() > Duration::from_millis(a.settle_ms) || Instant::now() > deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    })?;
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(serde_json::json!({
+        "name": a.name,
+        "frames": total_frames,
+        "ops": file.ops,
+        "attempts": attempts,
+        "connections_lost": lost,
+        "resends": resends,
+        "frames_sent": frames_sent,
+        "seconds": seconds,
+        "ops_per_s": file.data.len() as f64 / seconds,
+        "root_ok": target.is_some().then_some(true),
+        "applied": final_status.as_ref().map(|s| s["applied"].clone()),
+    }))
 }

@@ -211,6 +211,57 @@ fn reports(e: &mut Engine, no_divergences: bool, no_memory_waits: bool) -> BTree
     out
 }
 
+fn short(h: &Hash) -> String {
+    to_hex(&h[..6])
+}
+
+/// What differs between two sets of reports, in hex, for a failing check.
+fn diff_reports(a: &BTreeMap<Hash, ScopeReport>, b: &BTreeMap<Hash, ScopeReport>) -> String {
+    let mut out = String::new();
+    let scopes: std::collections::BTreeSet<&Hash> = a.keys().chain(b.keys()).collect();
+    for s in scopes {
+        match (a.get(s), b.get(s)) {
+            (Some(x), Some(y)) if x == y => {}
+            (Some(x), Some(y)) => {
+                out += &format!("scope {}:", short(s));
+                let list = |v: &[Hash]| v.iter().map(short).collect::<Vec<_>>().join(",");
+                if x.root != y.root {
+                    out += &format!(" root {} vs {};", short(&x.root), short(&y.root));
+                }
+                for (name, p, q) in [
+                    ("data_heads", &x.data_heads, &y.data_heads),
+                    ("governance_heads", &x.governance_heads, &y.governance_heads),
+                    ("applied", &x.applied, &y.applied),
+                    ("pending", &x.pending, &y.pending),
+                    ("key_waiting", &x.key_waiting, &y.key_waiting),
+                    ("data_key_waiting", &x.data_key_waiting, &y.data_key_waiting),
+                ] {
+                    if p != q {
+                        out += &format!(" {name} [{}] vs [{}];", list(p), list(q));
+                    }
+                }
+                if x.dropped != y.dropped {
+                    let d = |m: &BTreeMap<Hash, dagfold::core::Reason>| {
+                        m.iter().map(|(k, r)| format!("{}:{}", short(k), r.name())).collect::<Vec<_>>().join(",")
+                    };
+                    out += &format!(" dropped [{}] vs [{}];", d(&x.dropped), d(&y.dropped));
+                }
+                if x.divergences != y.divergences {
+                    out += &format!(" divergences {} vs {};", x.divergences, y.divergences);
+                }
+                out += "\n";
+            }
+            (Some(_), None) => out += &format!("scope {} only on the left\n", short(s)),
+            (None, _) => out += &format!("scope {} only on the right\n", short(s)),
+        }
+    }
+    out
+}
+
+fn assert_same(a: &BTreeMap<Hash, ScopeReport>, b: &BTreeMap<Hash, ScopeReport>, what: &str) {
+    assert!(a == b, "{what}; ids are the first 6 bytes, left vs right:\n{}", diff_reports(a, b));
+}
+
 /// The counters of each scope (the status object, SPEC §11) agree with the
 /// sets of the report, and an op is in exactly one of them.
 fn check_consistent(e: &mut Engine) {
@@ -279,7 +330,7 @@ impl Run {
         self.engine = Engine::restore(cfg.clone(), node_identity(), &self.store, now_ms);
         self.commit();
         let after = reports(&mut self.engine, false, true);
-        assert_eq!(before, after, "Engine::restore from the committed writes gives the same state");
+        assert_same(&before, &after, "Engine::restore from the committed writes gives the same state");
         check_consistent(&mut self.engine);
     }
 
@@ -358,7 +409,7 @@ pub fn check_scenario(sc: &Scenario) -> Summary {
         check_consistent(&mut b.engine);
         check_event_seqs(&b.events);
         let rb = reports(&mut b.engine, true, false);
-        assert_eq!(ra, rb, "the same frames in causal order give the same state");
+        assert_same(&ra, &rb, "the same frames in causal order give the same state");
         assert_eq!(event_multiset(&a.events), event_multiset(&b.events), "the same frames give the same events");
     }
     summary

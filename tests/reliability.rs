@@ -1,0 +1,97 @@
+//! Reliability: the short versions of the campaigns of docs/RELIABILITY.md
+//! (`dagfold-campaign`, tools/campaign), run as tests, and regression tests
+//! for what the campaigns found.
+//!
+//! The campaigns run the release binaries as child processes on loopback;
+//! they run one at a time (a lock), with generous internal timeouts and no
+//! timing assertions, so that they pass on a loaded 2-core machine.
+#![cfg(feature = "rocksdb-store")]
+
+mod common;
+
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::node::*;
+
+/// One campaign at a time: each starts several processes.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `dagfold-campaign ARGS` and returns its JSON report; panics with
+/// the report and the tail of its progress if it did not pass.
+fn campaign(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_dagfold-campaign"))
+        .args(["--dagfold-bin", env!("CARGO_BIN_EXE_dagfold"), "--loadgen-bin", env!("CARGO_BIN_EXE_dagfold-loadgen")])
+        .args(args)
+        .output()
+        .expect("running dagfold-campaign");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no report from the campaign {args:?}; stderr:\n{stderr}"));
+    let tail: Vec<&str> = stderr.lines().collect();
+    let tail = tail[tail.len().saturating_sub(30)..].join("\n");
+    assert!(out.status.success() && report["ok"] == true, "campaign {args:?} failed:\n{report:#}\n--- stderr tail ---\n{tail}");
+    eprintln!("campaign {args:?}: {report}");
+    report
+}
+
+/// A node restarted after SIGKILL answers the old connections of its
+/// previous run with a stateless reset that clients accept (the reset key
+/// is persisted with the certificate), so peers and clients redial at once
+/// instead of waiting out the 30 s idle timeout after every restart. Found
+/// by the crash campaign (each restart stalled the load and the peer link).
+#[test]
+fn a_restarted_node_resets_the_connections_of_its_previous_run() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &[]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let cfg = dagfold::net::ServerConfig::default();
+    let (endpoint, conn) = rt.block_on(async {
+        let endpoint = dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &cfg).unwrap();
+        let conn = tokio::time::timeout(Duration::from_secs(10), dagfold::net::connect(&endpoint, n.listen)).await.unwrap().unwrap();
+        // Garbage on a stream of its own: the node answers (stops it), so
+        // the connection is known to be up.
+        let _ = tokio::time::timeout(Duration::from_secs(10), dagfold::net::send_frames_uni(&conn, [vec![255u8]])).await;
+        (endpoint, conn)
+    });
+    n.kill();
+    if std::env::var("RESET_KEY_EXPERIMENT").is_ok() {
+        std::fs::remove_file(dir.path().join("tls").join(dagfold::net::tls::RESET_KEY_FILE)).unwrap();
+    }
+    n.restart();
+    let reason = rt.block_on(async {
+        // Anything sent on the old connection reaches the new process, which
+        // answers with a stateless reset. Without one, the connection would
+        // only end at the idle timeout (30 s), past this wait.
+        let _ = tokio::time::timeout(Duration::from_secs(2), dagfold::net::send_frames_uni(&conn, [vec![255u8]])).await;
+        tokio::time::timeout(Duration::from_secs(20), conn.closed()).await
+    });
+    drop(endpoint);
+    match reason {
+        Ok(quinn::ConnectionError::Reset) => {}
+        other => panic!("the old connection should end with a stateless reset, got {other:?}"),
+    }
+    // The key is the same across runs.
+    let key = std::fs::read(dir.path().join("tls").join(dagfold::net::tls::RESET_KEY_FILE)).unwrap();
+    assert_eq!(key.len(), 32);
+}
+
+/// The crash campaign, short: 3 SIGKILLs under load (see tools/campaign/crash.rs).
+#[test]
+fn crash_campaign_short() {
+    let _g = serial();
+    let r = campaign(&["crash", "--kills", "3", "--ops", "4000", "--rate", "1000", "--seed", "7"]);
+    assert_eq!(r["kills"], 3);
+    assert!(r["opens"].as_u64().unwrap() >= 4, "the store opened at every restart");
+    assert_eq!(r["root_a"], r["root"]);
+}

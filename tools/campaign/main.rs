@@ -1,0 +1,118 @@
+//! `dagfold-campaign`: the reliability campaigns of docs/RELIABILITY.md.
+//!
+//! - `crash`: a node under load, a subscriber and a peer; SIGKILL at seeded
+//!   random moments, restart, resend, sync; then the store and the events
+//!   are checked against the load generator.
+//! - `flood`: orphans, garbage frames, connection churn, subscribers that
+//!   never read, a sync request loop; each while valid traffic is measured
+//!   against a clean run, with memory and the node's drop counters.
+//! - `disk`: a full disk (a size-limited tmpfs) or a write error
+//!   (RLIMIT_FSIZE); the node must refuse, say so, keep answering, and
+//!   after space returns and a restart catch up from its peer.
+//!
+//! Each prints one JSON report on stdout (progress on stderr) and exits 0
+//! only if every check passed. The node and the load generator are the
+//! release binaries beside this one (`target/release/`), or `--dagfold-bin`
+//! / `--loadgen-bin`. Everything runs on loopback.
+
+mod check;
+mod crash;
+mod disk;
+mod flood;
+mod proc;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "dagfold-campaign", about = "Crash, flood and disk-fault campaigns against dagfold nodes (docs/RELIABILITY.md)")]
+struct Cli {
+    /// The `dagfold` binary [default: beside this one].
+    #[arg(long, global = true)]
+    dagfold_bin: Option<PathBuf>,
+    /// The `dagfold-loadgen` binary [default: beside this one].
+    #[arg(long, global = true)]
+    loadgen_bin: Option<PathBuf>,
+    /// Where the nodes keep their data and logs [default: a fresh temporary
+    /// directory, removed on success unless --keep].
+    #[arg(long, global = true)]
+    work_dir: Option<PathBuf>,
+    /// Keep the work directory even on success.
+    #[arg(long, global = true)]
+    keep: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// SIGKILL a node under load at seeded random moments (see crash.rs).
+    Crash(crash::CrashArgs),
+    /// Floods over QUIC while valid traffic is measured (see flood.rs).
+    Flood(flood::FloodArgs),
+    /// A full disk or a write error (see disk.rs).
+    Disk(disk::DiskArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let here = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
+    let bins = proc::Bins {
+        dagfold: cli.dagfold_bin.unwrap_or_else(|| here.join("dagfold")),
+        loadgen: cli.loadgen_bin.unwrap_or_else(|| here.join("dagfold-loadgen")),
+    };
+    for b in [&bins.dagfold, &bins.loadgen] {
+        if !b.exists() {
+            eprintln!("dagfold-campaign: {} not found (cargo build --release --bins)", b.display());
+            return ExitCode::from(2);
+        }
+    }
+    let (work, temp) = match cli.work_dir {
+        Some(d) => {
+            if let Err(e) = std::fs::create_dir_all(&d) {
+                eprintln!("dagfold-campaign: {}: {e}", d.display());
+                return ExitCode::from(2);
+            }
+            (d, None)
+        }
+        None => {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+            let d = std::env::temp_dir().join(format!("dagfold-campaign-{}-{nanos}", std::process::id()));
+            if let Err(e) = std::fs::create_dir_all(&d) {
+                eprintln!("dagfold-campaign: {}: {e}", d.display());
+                return ExitCode::from(2);
+            }
+            (d.clone(), Some(d))
+        }
+    };
+    let result = match &cli.command {
+        Cmd::Crash(a) => crash::run(a, &bins, &work),
+        Cmd::Flood(a) => flood::run(a, &bins, &work),
+        Cmd::Disk(a) => disk::run(a, &bins, &work),
+    };
+    let code = match result {
+        Ok(report) => {
+            println!("{}", serde_json::to_string(&report).unwrap());
+            if report["ok"] == true {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("dagfold-campaign: FAILED: {}", serde_json::to_string_pretty(&report["problems"]).unwrap());
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("dagfold-campaign: {e}");
+            ExitCode::FAILURE
+        }
+    };
+    if let Some(t) = temp {
+        if cli.keep || code != ExitCode::SUCCESS {
+            eprintln!("dagfold-campaign: work directory kept at {}", t.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&t);
+        }
+    }
+    code
+}
