@@ -771,6 +771,8 @@ impl Engine {
                         // still missing (a subset of those it was under).
                         debug_assert!(missing.iter().all(|m| b.missing.contains(m)));
                         b.missing = missing;
+                        b.op = op;
+                        b.bytes = bytes;
                         self.put_buffered(id, b);
                     }
                     prior => {
@@ -1021,8 +1023,10 @@ impl Engine {
             if b.kind == BufKind::DataKeyWait {
                 self.data_deadlines.remove(&(b.deadline_ms, b.seq));
             }
-            let op = b.op.clone();
-            let bytes = b.bytes.clone();
+            // Move the op out (no copy); a re-buffered op gets it back.
+            let mut b = b;
+            let op = std::mem::replace(&mut b.op, empty_op());
+            let bytes = std::mem::take(&mut b.bytes);
             self.evaluate(op, bytes, id, Some(b), None, now_ms);
         }
     }
@@ -1280,6 +1284,23 @@ pub struct ScopeReport {
     pub data_key_waiting: Vec<Hash>,
     pub pending: Vec<Hash>,
     pub divergences: u64,
+}
+
+/// A placeholder left in a buffer record whose op was moved out.
+fn empty_op() -> Op {
+    Op {
+        version: 0,
+        scope: ZERO,
+        plane: 0,
+        author: [0; 32],
+        parents: Vec::new(),
+        cut: Vec::new(),
+        hlc: 0,
+        key_id: ZERO,
+        nonce: [0; 12],
+        payload: Vec::new(),
+        signature: [0; 64],
+    }
 }
 
 /// SPEC §4: a genesis payload holds exactly one action, `Genesis`, whose

@@ -214,10 +214,36 @@ pub fn make_endpoint(cfg: &ServerConfig, tls_dir: &Path) -> Result<Endpoint, Net
     let bind = |source| NetError::Bind { addr: cfg.listen, source };
     let socket = std::net::UdpSocket::bind(cfg.listen).map_err(bind)?;
     let runtime = quinn::default_runtime().ok_or_else(|| bind(io::Error::other("no async runtime found")))?;
-    let mut endpoint =
-        Endpoint::new(quinn::EndpointConfig::new(Arc::new(reset_key)), Some(server), socket, runtime).map_err(bind)?;
+    let mut endpoint_cfg = quinn::EndpointConfig::new(Arc::new(reset_key));
+    endpoint_cfg.cid_generator(|| Box::new(RandomCids));
+    let mut endpoint = Endpoint::new(endpoint_cfg, Some(server), socket, runtime).map_err(bind)?;
     endpoint.set_default_client_config(client_config(cfg)?);
     Ok(endpoint)
+}
+
+/// Random 8-byte connection ids. quinn's default generator tags its ids
+/// with a key made per process and silently drops packets whose id lacks
+/// the tag, so a restarted node would never answer the connections of its
+/// previous run with the stateless reset its persisted key allows. Without
+/// the tag, such packets get the reset (quinn sends at most one per 20 ms,
+/// each smaller than the packet that caused it).
+struct RandomCids;
+
+impl quinn::ConnectionIdGenerator for RandomCids {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        use rand::RngCore;
+        let mut id = [0u8; 8];
+        rand::rngs::OsRng.fill_bytes(&mut id);
+        quinn::ConnectionId::new(&id)
+    }
+
+    fn cid_len(&self) -> usize {
+        8
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// The client config of our endpoints: accept-any TLS, our transport bounds,

@@ -110,13 +110,18 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let on_durable = Box::new(move |d: crate::pipeline::Durable| {
         hub2.dispatch(&d.events);
         for (_, _, bytes, origin) in d.applied {
+            if bytes.is_empty() {
+                continue; // no peers: nothing to gossip
+            }
             if gossip_tx.try_send(peers::Gossip { bytes, origin }).is_err() {
                 // Peers catch up through heartbeat and sync.
                 metrics::counter!("dagfold_gossip_dropped_total").increment(1);
             }
         }
     });
-    let pipe = Pipeline::start(cfg.pipeline.clone(), engine, store, ingest_rx, on_durable);
+    let mut pipe_cfg = cfg.pipeline.clone();
+    pipe_cfg.applied_bytes = !cfg.peers.is_empty();
+    let pipe = Pipeline::start(pipe_cfg, engine, store, ingest_rx, on_durable);
     let shared = Arc::new(NodeShared {
         identity_json: serde_json::json!({
             "public_key": hex::encode(identity.public_key),

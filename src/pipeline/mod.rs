@@ -83,6 +83,9 @@ pub struct PipelineConfig {
     pub sync: bool,
     /// How often the orderer wakes to expire key waits when idle.
     pub tick_ms: u64,
+    /// Hand the encodings of applied ops to `on_durable` (for gossip); off
+    /// when the node has no peers, which saves a copy of every op.
+    pub applied_bytes: bool,
 }
 
 impl Default for PipelineConfig {
@@ -94,6 +97,7 @@ impl Default for PipelineConfig {
             commit_ops_max: 4096,
             sync: true,
             tick_ms: 100,
+            applied_bytes: true,
         }
     }
 }
@@ -213,8 +217,11 @@ impl Pipeline {
             }),
         ));
         let sh = shared.clone();
-        let sync = cfg.sync;
-        threads.push(spawn("dagfold-committer", Box::new(move || committer(store, commit_rx, sh, sync, on_durable))));
+        let (sync, applied_bytes) = (cfg.sync, cfg.applied_bytes);
+        threads.push(spawn(
+            "dagfold-committer",
+            Box::new(move || committer(store, commit_rx, sh, sync, applied_bytes, on_durable)),
+        ));
         Pipeline { shared, threads }
     }
 
@@ -495,6 +502,7 @@ fn committer<S: Store>(
     rx: Receiver<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>,
     shared: Arc<Shared>,
     sync: bool,
+    applied_bytes: bool,
     mut on_durable: Box<dyn FnMut(Durable) + Send>,
 ) {
     for (commit, statuses, origins, received) in rx {
@@ -526,9 +534,11 @@ fn committer<S: Store>(
         }
         // The encodings of applied ops are in the batch just written.
         let mut bytes: HashMap<&[u8], &Vec<u8>> = HashMap::new();
-        for w in &commit.writes {
-            if let Write::Put(crate::core::Cf::Ops, k, v) = w {
-                bytes.insert(k.as_slice(), v);
+        if applied_bytes {
+            for w in &commit.writes {
+                if let Write::Put(crate::core::Cf::Ops, k, v) = w {
+                    bytes.insert(k.as_slice(), v);
+                }
             }
         }
         let applied = commit

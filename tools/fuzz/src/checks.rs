@@ -334,10 +334,9 @@ impl Run {
         check_consistent(&mut self.engine);
     }
 
-    fn finish(&mut self) {
-        self.commit();
-        self.key_timeouts += self.engine.stats.key_timeouts;
-        self.evicted += self.engine.stats.evicted;
+    /// Whether anything was lost to time or bounds, this incarnation included.
+    fn lost_anything(&self) -> bool {
+        self.key_timeouts + self.engine.stats.key_timeouts > 0 || self.evicted + self.engine.stats.evicted > 0 || self.lost_memory_waits
     }
 }
 
@@ -385,11 +384,11 @@ pub fn check_scenario(sc: &Scenario) -> Summary {
             Step::Restart => a.restart(&cfg, now),
         }
     }
-    a.finish();
+    a.commit();
     check_consistent(&mut a.engine);
     check_event_seqs(&a.events);
     let ra = reports(&mut a.engine, true, false);
-    let comparable = sc.tight.is_none() && a.key_timeouts == 0 && a.evicted == 0 && !a.lost_memory_waits;
+    let comparable = sc.tight.is_none() && !a.lost_anything();
     let summary = Summary {
         stats: a.engine.stats.clone(),
         restarts: sc.steps.iter().filter(|s| matches!(s, Step::Restart)).count() as u32,
@@ -405,7 +404,6 @@ pub fn check_scenario(sc: &Scenario) -> Summary {
             b.engine.handle_frame(f, 0);
             b.commit();
         }
-        b.finish();
         check_consistent(&mut b.engine);
         check_event_seqs(&b.events);
         let rb = reports(&mut b.engine, true, false);

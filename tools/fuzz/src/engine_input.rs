@@ -35,7 +35,8 @@ pub struct EngineInput {
     pub tight: (u8, u8, u16, u8),
     pub mutations: Vec<Mutation>,
     /// After the i-th delivered message: bit 0 commit, bit 1 tick, bits 2..3
-    /// advance the clock (0, 100 ms, 1 s, 5 s), high nibble 0xF restart.
+    /// advance the clock (0, 100 ms, 1 s, 5 s; then a tick), high nibble 0xF
+    /// restart.
     /// Past its end: commit after each message.
     pub schedule: Vec<u8>,
 }
@@ -62,9 +63,11 @@ pub enum Mutation {
     /// undecryptable, bad_payload, bad genesis payload). Single mutations
     /// that coverage alone finds only slowly.
     Verdict { at: u16, kind: u8, arg: u8 },
-    /// Moves every key delivery to the end: ops wait for their keys (data
-    /// ops in memory, until a clock advance drops them for now).
-    KeysLast,
+    /// Moves the `n`-th key delivery (`None`: every one) to the end: ops
+    /// wait for their keys (data ops in memory, until a clock advance drops
+    /// them for now; with a rotation, delaying only the second key is what
+    /// makes data ops wait while governance goes on).
+    KeyLast(Option<u8>),
     /// A key delivery of a key from the pool to the node (or to another
     /// member, which the node must ignore), inserted at `at`.
     DeliverKey { at: u16, key: u8, to_node: bool, ephemeral: u8 },
@@ -503,10 +506,17 @@ fn apply_mutation(ctx: &Ctx<'_>, msgs: &mut Vec<(u32, Vec<u8>)>, m: &Mutation) {
                 msgs[i] = (rank, frame);
             }
         }
-        Mutation::KeysLast => {
-            let (keys, rest): (Vec<_>, Vec<_>) = msgs.drain(..).partition(|(_, f)| f.first() == Some(&MESSAGE_KEY));
-            msgs.extend(rest);
-            msgs.extend(keys);
+        Mutation::KeyLast(which) => {
+            let keys: Vec<usize> = (0..n).filter(|&i| msgs[i].1.first() == Some(&MESSAGE_KEY)).collect();
+            let chosen: Vec<usize> = match which {
+                None => keys,
+                Some(k) if !keys.is_empty() => vec![keys[*k as usize % keys.len()]],
+                Some(_) => vec![],
+            };
+            for (moved, i) in chosen.into_iter().enumerate() {
+                let x = msgs.remove(i - moved);
+                msgs.push(x);
+            }
         }
         Mutation::DeliverKey { at: a, key, to_node, ephemeral } => {
             let k = ctx.key(*key);
@@ -557,13 +567,13 @@ pub fn build(input: &EngineInput) -> Scenario {
                 if b & 1 != 0 {
                     steps.push(Step::Commit);
                 }
-                match (b >> 2) & 3 {
-                    0 => {}
-                    1 => steps.push(Step::Advance(100)),
-                    2 => steps.push(Step::Advance(1_000)),
-                    _ => steps.push(Step::Advance(5_000)),
+                // A node's timer ticks when the clock passes a deadline; an
+                // advance is followed by a tick, and bit 1 adds one anyway.
+                let advance = [0, 100, 1_000, 5_000][((b >> 2) & 3) as usize];
+                if advance > 0 {
+                    steps.push(Step::Advance(advance));
                 }
-                if b & 2 != 0 {
+                if advance > 0 || b & 2 != 0 {
                     steps.push(Step::Tick);
                 }
             }
