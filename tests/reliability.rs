@@ -65,9 +65,6 @@ fn a_restarted_node_resets_the_connections_of_its_previous_run() {
         (endpoint, conn)
     });
     n.kill();
-    if std::env::var("RESET_KEY_EXPERIMENT").is_ok() {
-        std::fs::remove_file(dir.path().join("tls").join(dagfold::net::tls::RESET_KEY_FILE)).unwrap();
-    }
     n.restart();
     let reason = rt.block_on(async {
         // Anything sent on the old connection reaches the new process, which

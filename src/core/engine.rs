@@ -14,6 +14,7 @@ use borsh::{BorshDeserialize, BorshSerialize};
 
 use super::governance::{GovNode, GovState, Governance};
 use super::projection::Projection;
+use super::{IdMap, IdSet};
 use crate::limits;
 use crate::protocol::codec::{decode_data_payload, decode_gov_payload, decode_message, decode_op, op_body};
 use crate::protocol::crypto::{delta_id_of_body, open_key_delivery, open_payload, x25519_public};
@@ -435,18 +436,18 @@ pub fn decode_frame(frame: &[u8]) -> Result<Decoded, DecodeError> {
 pub struct Engine {
     cfg: Config,
     identity: Identity,
-    ops: HashMap<Hash, Entry>,
-    buffered: HashMap<Hash, Buffered>,
+    ops: IdMap<Hash, Entry>,
+    buffered: IdMap<Hash, Buffered>,
     /// Pending-by-parent: a missing id → the ops buffered on it.
-    waiters: HashMap<Hash, Vec<Hash>>,
+    waiters: IdMap<Hash, Vec<Hash>>,
     /// key_id → the ops waiting for it.
-    key_waiters: HashMap<Hash, Vec<Hash>>,
+    key_waiters: IdMap<Hash, Vec<Hash>>,
     data_deadlines: BTreeMap<(u64, u64), Hash>,
-    keys: HashMap<Hash, [u8; 32]>,
+    keys: IdMap<Hash, [u8; 32]>,
     scopes: Vec<Scope>,
-    scope_index: HashMap<Hash, u32>,
+    scope_index: IdMap<Hash, u32>,
     cuts: Vec<Arc<[Hash]>>,
-    cut_index: HashMap<Arc<[Hash]>, u32>,
+    cut_index: IdMap<Arc<[Hash]>, u32>,
     gov: Governance,
     dropped_order: VecDeque<(u64, Hash)>,
     global_order: BTreeMap<u64, Hash>,
@@ -458,8 +459,8 @@ pub struct Engine {
     touched: Vec<u32>,
     /// Buffer records put in the commit being built: an op buffered and
     /// released within one commit never needs to reach the disk.
-    fresh_buffer_puts: std::collections::HashSet<(u8, Hash)>,
-    cancelled_buffer_puts: std::collections::HashSet<(u8, Hash)>,
+    fresh_buffer_puts: IdSet<(u8, Hash)>,
+    cancelled_buffer_puts: IdSet<(u8, Hash)>,
     pub stats: Stats,
 }
 
@@ -476,16 +477,16 @@ impl Engine {
         let mut e = Engine {
             cfg,
             identity,
-            ops: HashMap::new(),
-            buffered: HashMap::new(),
-            waiters: HashMap::new(),
-            key_waiters: HashMap::new(),
+            ops: IdMap::default(),
+            buffered: IdMap::default(),
+            waiters: IdMap::default(),
+            key_waiters: IdMap::default(),
             data_deadlines: BTreeMap::new(),
-            keys: HashMap::new(),
+            keys: IdMap::default(),
             scopes: Vec::new(),
-            scope_index: HashMap::new(),
+            scope_index: IdMap::default(),
             cuts: Vec::new(),
-            cut_index: HashMap::new(),
+            cut_index: IdMap::default(),
             gov: Governance::default(),
             dropped_order: VecDeque::new(),
             global_order: BTreeMap::new(),
@@ -1087,7 +1088,11 @@ impl Engine {
             let scope_id = s.id;
             for (path, slot) in s.projection.take_changed() {
                 let key = [scope_id.as_slice(), path.as_slice()].concat();
-                let val = encode(&(slot.entity.clone(), slot.key.clone(), slot.cell.clone()));
+                // borsh of (entity, key, cell), without cloning them.
+                let mut val = Vec::with_capacity(16 + slot.entity.len() + slot.key.len() + 64);
+                borsh::BorshSerialize::serialize(&slot.entity, &mut val).expect("Vec write");
+                borsh::BorshSerialize::serialize(&slot.key, &mut val).expect("Vec write");
+                borsh::BorshSerialize::serialize(&slot.cell, &mut val).expect("Vec write");
                 self.out.writes.push(Write::Put(Cf::Projection, key, val));
             }
         }

@@ -70,10 +70,10 @@ impl GovState {
 
 #[derive(Default)]
 pub struct Governance {
-    nodes: HashMap<Hash, GovNode>,
+    nodes: super::IdMap<Hash, GovNode>,
     /// Keyed by the sorted cut. Cleared whole when full: a miss only costs a
     /// recomputation, and the hot cut (the current heads) is recomputed once.
-    cache: HashMap<Vec<Hash>, Arc<GovState>>,
+    cache: super::IdMap<Vec<Hash>, Arc<GovState>>,
     pub cache_hits: u64,
     pub cache_misses: u64,
 }

@@ -1,4 +1,11 @@
 //! The sans-IO core: verdicts, governance at a cut, buffers, fold, root.
+/// Maps keyed by ids (SHA-256 outputs): foldhash, seeded per process, is
+/// several times cheaper than SipHash here (the profile named
+/// `DefaultHasher::write`) and still keyed, so a peer cannot aim ids at one
+/// bucket. Iteration order never reaches the state: every output is sorted.
+pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+
 pub mod engine;
 pub mod governance;
 pub mod projection;

@@ -1,7 +1,6 @@
 //! The fold of SPEC §8: cells with an LWW register and a counter, and the
 //! scope root over them (`smt`).
 
-use std::collections::HashMap;
 
 use super::smt::{LeafId, Smt};
 use crate::protocol::crypto::{cell_path, sha256, sha256_parts};
@@ -17,7 +16,7 @@ pub struct CellSlot {
 
 #[derive(Default)]
 pub struct Projection {
-    cells: HashMap<Hash, CellSlot>,
+    cells: super::IdMap<Hash, CellSlot>,
     smt: Smt,
     /// Paths changed since the last `take_changed`, for the commit.
     changed: Vec<Hash>,

@@ -347,28 +347,29 @@ fn orderer(
     let mut last_received = Instant::now();
     let mut open = true;
     while open {
-        let timeout = Duration::from_millis(tick_ms);
+        // Group commit: keep folding batches into this commit while the
+        // committer is still busy with the previous one (its slot is full),
+        // up to `commit_ops_max`; hand it over as soon as the slot is free.
         let mut ops_in_commit = 0usize;
-        let first = match rx.recv_timeout(timeout) {
-            Ok(b) => Some(b),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => {
-                open = false;
-                None
-            }
-        };
-        let mut pending_batches: Vec<Batch> = first.into_iter().collect();
         let t = Instant::now();
-        while let Some(batch) = pending_batches.pop() {
-            last_received = last_received.min(batch.received);
-            ops_in_commit += batch.items.len();
-            for item in batch.items {
-                handle_item(engine, item, &shared, &mut origins);
-            }
-            if ops_in_commit < commit_ops_max {
-                if let Ok(b) = rx.try_recv() {
-                    pending_batches.push(b);
+        loop {
+            let wait = if ops_in_commit == 0 { Duration::from_millis(tick_ms) } else { Duration::from_micros(200) };
+            match rx.recv_timeout(wait) {
+                Ok(batch) => {
+                    last_received = last_received.min(batch.received);
+                    ops_in_commit += batch.items.len();
+                    for item in batch.items {
+                        handle_item(engine, item, &shared, &mut origins);
+                    }
                 }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+            if ops_in_commit == 0 || ops_in_commit >= commit_ops_max || commit_tx.is_empty() {
+                break;
             }
         }
         engine.handle_tick(now_ms());

@@ -32,10 +32,18 @@ pub struct CrashArgs {
     /// Rate of the load into the killed node (frames/s; 0: full speed).
     #[arg(long, default_value_t = 1_500)]
     pub rate: u64,
+    /// Rate of the same load into the peer (it gossips what it applies to
+    /// the killed node, and serves its syncs).
+    #[arg(long, default_value_t = 1_000)]
+    pub peer_rate: u64,
     /// Streams of the load into the killed node (more than 1: out of causal
     /// order, so ops are pending when the kill comes).
     #[arg(long, default_value_t = 2)]
     pub streams: usize,
+    /// The load into the killed node is shuffled within windows of this
+    /// many ops (so that ops are pending when a kill comes).
+    #[arg(long, default_value_t = 400)]
+    pub shuffle_window: usize,
     /// A kill comes a uniformly random time in [min, max] after the node is up.
     #[arg(long, default_value_t = 100)]
     pub kill_min_ms: u64,
@@ -118,9 +126,13 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
         &work.join("events.jsonl"),
         &work.join("subscriber.err"),
     )?;
-    let send_args = |n: &NodeProc, rate: u64, streams: usize, name: &str| -> Vec<String> {
+    let send_args = |n: &NodeProc, rate: u64, streams: usize, shuffle: usize, name: &str| -> Vec<String> {
         vec![
             "send".into(),
+            "--shuffle-window".into(),
+            shuffle.to_string(),
+            "--seed".into(),
+            a.seed.to_string(),
             "--node".into(),
             n.listen.to_string(),
             "--admin".into(),
@@ -143,8 +155,8 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
             name.into(),
         ]
     };
-    let mut load_a = ToolProc::spawn(&bins.loadgen, &send_args(&node, a.rate, a.streams, "to-a"), &work.join("send-a.out"), &work.join("send-a.err"))?;
-    let mut load_b = ToolProc::spawn(&bins.loadgen, &send_args(&b, 0, 1, "to-b"), &work.join("send-b.out"), &work.join("send-b.err"))?;
+    let mut load_a = ToolProc::spawn(&bins.loadgen, &send_args(&node, a.rate, a.streams, a.shuffle_window, "to-a"), &work.join("send-a.out"), &work.join("send-a.err"))?;
+    let mut load_b = ToolProc::spawn(&bins.loadgen, &send_args(&b, a.peer_rate, 1, 0, "to-b"), &work.join("send-b.out"), &work.join("send-b.err"))?;
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ 0xC0FFEE);
     let mut kills = Vec::new();

@@ -166,6 +166,12 @@ struct SendArgs {
     /// Streams (one connection): more than 1 breaks the causal order.
     #[arg(long, default_value_t = 1)]
     streams: usize,
+    /// Shuffle the data ops within windows of this many (0: file order), so
+    /// that the node buffers ops whose parents come later.
+    #[arg(long, default_value_t = 0)]
+    shuffle_window: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// After a complete send, how long the node's applied count may stay
     /// unchanged before the file is sent again.
     #[arg(long, default_value_t = 10_000)]
@@ -232,6 +238,15 @@ fn main() {
         },
         Cmd::Ceiling { cores, seconds } => println!("{}", serde_json::to_string(&ceiling(cores, seconds)).unwrap()),
     }
+}
+
+/// The lane of a frame: by its op's author (bytes 35..67 of an op frame).
+fn lane_of(frame: &[u8], lanes: usize) -> usize {
+    if frame.len() < 67 {
+        return 0;
+    }
+    let a = u64::from_le_bytes(frame[35..43].try_into().unwrap());
+    (a % lanes as u64) as usize
 }
 
 fn status(admin: SocketAddr, scope: &Hash) -> Option<serde_json::Value> {
@@ -370,13 +385,17 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
             let data = data.clone();
             let sent = sent.clone();
             let send_ms = send_ms.clone();
-            let rate_per_lane = if a.rate == 0 { 0.0 } else { a.rate as f64 / lanes as f64 };
+            let rate = a.rate;
             tasks.push(tokio::spawn(async move {
                 let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
                 let start = Instant::now();
                 let mut k = 0u64;
-                let mut i = lane;
-                while i < data.len() {
+                // Each author's ops go on one lane, in order: a causal
+                // stream stays causal per writer at the node.
+                let mine: Vec<usize> = (0..data.len()).filter(|i| lane_of(&data[*i], lanes) == lane).collect();
+                // The lane's share of the rate.
+                let rate_per_lane = if rate == 0 { 0.0 } else { rate as f64 * mine.len() as f64 / data.len().max(1) as f64 };
+                for i in mine {
                     if rate_per_lane > 0.0 {
                         let due = Duration::from_secs_f64(k as f64 / rate_per_lane);
                         let el = start.elapsed();
@@ -388,7 +407,6 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
                     dagfold::net::write_frame(&mut s, &data[i]).await.map_err(|e| e.to_string())?;
                     sent.fetch_add(1, Ordering::Relaxed);
                     k += 1;
-                    i += lanes;
                 }
                 s.finish().map_err(|e| e.to_string())?;
                 let _ = s.stopped().await;
@@ -595,7 +613,7 @@ fn read_frames_file(path: &std::path::Path) -> Result<FramesFile, String> {
     Ok(FramesFile { prefix, data, ops: ids.len() as u64 })
 }
 
-/// Index of the first data op (in file order) that is not an ancestor of
+/// Index of the first data op (in sending order) that is not an ancestor of
 /// (or one of) the node's data heads: everything before it is applied, as
 /// the applied set is closed under ancestry.
 fn first_unapplied(file: &FramesFile, index: &std::collections::HashMap<Hash, usize>, status: Option<&serde_json::Value>) -> usize {
@@ -616,7 +634,12 @@ fn first_unapplied(file: &FramesFile, index: &std::collections::HashMap<Hash, us
 }
 
 fn send(a: SendArgs) -> Result<serde_json::Value, String> {
-    let file = read_frames_file(&a.file)?;
+    let mut file = read_frames_file(&a.file)?;
+    if a.shuffle_window > 1 {
+        let order = shuffle_within_windows(file.data.len(), a.shuffle_window, a.seed);
+        let mut data: Vec<Option<(Hash, Vec<Hash>, Vec<u8>)>> = std::mem::take(&mut file.data).into_iter().map(Some).collect();
+        file.data = order.into_iter().map(|i| data[i].take().expect("a permutation")).collect();
+    }
     let index: std::collections::HashMap<Hash, usize> = file.data.iter().enumerate().map(|(i, d)| (d.0, i)).collect();
     let h = |s: &str| -> Result<Hash, String> { hex::decode(s).ok().and_then(|v| v.try_into().ok()).ok_or(format!("not 64 hex characters: {s:?}")) };
     let scope = a.scope.as_deref().map(h).transpose()?;
