@@ -88,6 +88,15 @@ impl Store for RocksStore {
         // Inserting in key order keeps each memtable's skip-list search path
         // in cache (the profile names FindSpliceForLevel); the sort is
         // stable, so writes to one key keep their order.
+        let mut per_cf = [0u64; Cf::ALL.len()];
+        for w in writes {
+            per_cf[cf_and_key(w).0 as usize] += 1;
+        }
+        for (i, n) in per_cf.iter().enumerate() {
+            if *n > 0 {
+                metrics::counter!("dagfold_store_writes_total", "cf" => Cf::ALL[i].name()).increment(*n);
+            }
+        }
         let mut sorted: Vec<&Write> = writes.iter().collect();
         sorted.sort_by(|a, b| cf_and_key(a).cmp(&cf_and_key(b)));
         for w in sorted {
