@@ -92,3 +92,42 @@ fn crash_campaign_short() {
     assert!(r["opens"].as_u64().unwrap() >= 4, "the store opened at every restart");
     assert_eq!(r["root_a"], r["root"]);
 }
+
+/// A subscription whose client went away is released at once, even on a
+/// scope that never has another event: before, it stayed registered (and
+/// counted against the 4096 subscriptions of the node) until that scope's
+/// next event, so clients subscribing to a quiet or unknown scope and
+/// leaving could use up every subscription slot. Found by the subscribers
+/// flood (`dagfold-campaign flood --kind subscribers`).
+#[test]
+fn a_subscription_to_a_quiet_scope_is_released_when_its_client_leaves() {
+    use dagfold::protocol::node::{NodeMessage, Subscribe};
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &[]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let cfg = dagfold::net::ServerConfig::default();
+    rt.block_on(async {
+        let endpoint = dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &cfg).unwrap();
+        let mut conns = Vec::new();
+        for i in 0..3u8 {
+            let conn = tokio::time::timeout(Duration::from_secs(10), dagfold::net::connect(&endpoint, n.listen)).await.unwrap().unwrap();
+            let (mut w, r) = dagfold::net::open_bi(&conn).await.unwrap();
+            // A scope nobody writes to (no genesis: it never has an event).
+            w.write(&NodeMessage::Subscribe(Subscribe { scope: [i + 1; 32], from_seq: 1 }).encode()).await.unwrap();
+            conns.push((conn, w, r));
+        }
+        let registered = tokio::task::block_in_place(|| wait_until(Duration::from_secs(20), || n.metric("dagfold_subscribers") == 3.0));
+        assert!(registered, "three subscriptions registered: {}", n.metric("dagfold_subscribers"));
+        // One client stops its stream, two close their connections.
+        let (_, _, mut r) = conns.remove(0);
+        r.stop(0).unwrap();
+        for (conn, _, _) in &conns {
+            conn.close(0u32.into(), b"bye");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), endpoint.wait_idle()).await;
+        drop(r);
+    });
+    let released = wait_until(Duration::from_secs(20), || n.metric("dagfold_subscribers") == 0.0);
+    assert!(released, "subscriptions still registered after their clients left: {}", n.metric("dagfold_subscribers"));
+}

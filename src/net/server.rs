@@ -356,6 +356,12 @@ impl Reply {
     pub fn is_closed(&self) -> bool {
         self.frames.is_closed()
     }
+
+    /// Completes once the stream can take no more frames: the peer stopped
+    /// it, the connection was lost, or a write timed out.
+    pub async fn closed(&self) {
+        self.frames.closed().await
+    }
 }
 
 fn assert_frame_len(frame: &[u8]) {
@@ -367,10 +373,25 @@ fn assert_frame_len(frame: &[u8]) {
 }
 
 /// Drains a reply queue onto its stream; finishes the stream when the queue
-/// closes. Returning early drops the queue, which wakes waiting senders.
+/// closes. Returning early drops the queue, which wakes waiting senders. It
+/// also returns as soon as the peer stops the stream or the connection is
+/// lost, even while nothing is queued: a handler waiting for something to
+/// send (a subscription to a quiet scope) learns of it through
+/// [`Reply::closed`] instead of holding its slot until it next sends.
 async fn write_replies(mut send: SendStream, mut queue: mpsc::Receiver<Vec<u8>>) {
     let timeout = Duration::from_millis(u64::from(REPLY_FRAME_WRITE_TIMEOUT_MS));
-    while let Some(frame) = queue.recv().await {
+    let stopped = send.stopped();
+    tokio::pin!(stopped);
+    loop {
+        let frame = tokio::select! {
+            frame = queue.recv() => match frame {
+                Some(frame) => frame,
+                None => break,
+            },
+            // Before `finish` this completes only on STOP_SENDING or a lost
+            // connection: nobody will read what we would write.
+            _ = &mut stopped => return,
+        };
         match tokio::time::timeout(timeout, write_frame(&mut send, &frame)).await {
             Ok(Ok(())) => {}
             // The peer stopped the stream or the connection is gone.

@@ -120,7 +120,12 @@ pub fn collect_sync(reader: &crate::store::rocks::StoreReader, want: &[Hash], ha
 }
 
 async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, reply: Reply) {
-    let Ok(_permit) = SYNC_PERMITS.acquire().await else { return };
+    // A requester that went away while waiting for a permit gets no work.
+    let permit = tokio::select! {
+        p = SYNC_PERMITS.acquire() => p,
+        _ = reply.closed() => return,
+    };
+    let Ok(_permit) = permit else { return };
     metrics::counter!("dagfold_sync_requests_served_total").increment(1);
     let max = req.max_ops.min(SYNC_OPS_MAX) as usize;
     let reader = shared.reader.clone();
@@ -172,7 +177,16 @@ async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, reply: Repl
     }
     next = next.max(last_seq + 1);
     loop {
-        match live.recv().await {
+        let ev = tokio::select! {
+            ev = live.recv() => ev,
+            // The client went away: release the subscription now, not at
+            // the scope's next event (a quiet scope may never have one).
+            _ = reply.closed() => {
+                shared.hub.unsubscribe(&sub.scope, sub_id);
+                return;
+            }
+        };
+        match ev {
             Some(ev) => {
                 if ev.seq < next {
                     continue;

@@ -94,5 +94,6 @@ impl Hub {
             s.subs.retain(|sub| sub.id != id);
             *count -= before - s.subs.len();
         }
+        metrics::gauge!("dagfold_subscribers").set(*count as f64);
     }
 }
