@@ -131,3 +131,60 @@ fn a_subscription_to_a_quiet_scope_is_released_when_its_client_leaves() {
     let released = wait_until(Duration::from_secs(20), || n.metric("dagfold_subscribers") == 0.0);
     assert!(released, "subscriptions still registered after their clients left: {}", n.metric("dagfold_subscribers"));
 }
+
+/// Garbage over QUIC, short: undecodable, oversized, truncated and 1 MiB
+/// frames, node messages past their bounds, misordered parents, bad
+/// signatures, each counted; valid traffic completes alongside.
+#[test]
+fn flood_garbage_short() {
+    let _g = serial();
+    let r = campaign(&["flood", "--short", "--kind", "garbage"]);
+    eprintln!("garbage: valid rate flood/clean {}", r["kinds"]["garbage"]["valid_rate_ratio"]);
+}
+
+/// Connections opened and closed in a loop, 96 at once against
+/// `--connections-max 64`: refusals counted, every slot given back.
+#[test]
+fn flood_connections_short() {
+    let _g = serial();
+    let r = campaign(&["flood", "--short", "--kind", "connections"]);
+    assert!(r["kinds"]["connections"]["flood"]["counters"]["net_connections_refused"].as_f64().unwrap() > 0.0);
+}
+
+/// Subscribers that never read are dropped with a `Lagged` (counted), the
+/// node keeps applying, and every subscription is released when its client
+/// leaves, on a quiet scope too.
+#[test]
+fn flood_subscribers_short() {
+    let _g = serial();
+    let r = campaign(&["flood", "--short", "--kind", "subscribers"]);
+    assert_eq!(r["kinds"]["subscribers"]["flood"]["flood"]["subscribed_after_close"], 0.0);
+}
+
+/// A peer asking for a whole scope in a tight loop (some requests
+/// abandoned): served at most two at a time, the node keeps applying.
+#[test]
+fn flood_sync_requests_short() {
+    let _g = serial();
+    campaign(&["flood", "--short", "--kind", "sync"]);
+}
+
+/// A full disk: a 24 MiB tmpfs filled up to 768 KiB (needs mount
+/// permission; without it, the campaign falls back to a write error and
+/// says so in its notes). The node refuses with a log line and the
+/// metrics, keeps answering status, and after space returns and a restart
+/// catches up from its peer.
+#[test]
+fn disk_full_short() {
+    let _g = serial();
+    let r = campaign(&["disk", "--fault", "auto", "--ops", "8000"]);
+    eprintln!("disk fault used: {} {}", r["fault"], r["notes"]);
+}
+
+/// A write error (EFBIG past RLIMIT_FSIZE on the node process), same checks.
+#[test]
+fn disk_write_error_short() {
+    let _g = serial();
+    let r = campaign(&["disk", "--fault", "efbig", "--ops", "8000"]);
+    assert!(r["log_line"].as_str().unwrap().contains("File too large"));
+}

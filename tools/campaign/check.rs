@@ -32,10 +32,6 @@ pub struct StoreReport {
 }
 
 impl StoreReport {
-    pub fn ok(&self) -> bool {
-        self.opened && self.problems.is_empty()
-    }
-
     pub fn summary(&self) -> serde_json::Value {
         json!({
             "opened": self.opened,

@@ -180,11 +180,6 @@ impl NodeProc {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// The exit status, if the process has exited on its own.
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
-    }
-
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -211,13 +206,6 @@ impl NodeProc {
 
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
         dagfold::admin::http_get(self.admin, path, Duration::from_secs(5)).ok()
-    }
-
-    pub fn identity(&self) -> Option<([u8; 32], [u8; 32])> {
-        let (_, body) = self.get("/v1/identity")?;
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        let h = |k: &str| -> Option<[u8; 32]> { hex::decode(v[k].as_str()?).ok()?.try_into().ok() };
-        Some((h("public_key")?, h("kem_public_key")?))
     }
 
     pub fn scope(&self, scope: &Hash) -> Option<serde_json::Value> {
@@ -248,9 +236,6 @@ impl NodeProc {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
 }
 
 impl Drop for NodeProc {
@@ -309,10 +294,6 @@ impl ToolProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         None
-    }
-
-    pub fn finished(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     pub fn output(&self) -> String {
