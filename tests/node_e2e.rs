@@ -226,3 +226,25 @@ fn memory_stays_bounded_under_a_flood_of_orphans() {
     assert!(n.metric("dagfold_engine_evicted_total") >= (orphans.len() - 4000) as f64);
     assert!(n.metric("dagfold_buffered_ops") <= 4000.0);
 }
+
+/// The load generator keeps working: a short run with shuffling, duplicates
+/// and invalid ops, its root check passing.
+#[test]
+fn load_generator_short_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = start_node(dir.path(), &[]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dagfold-loadgen"))
+        .args(["run", "--node", &n.listen.to_string(), "--admin", &n.admin.to_string()])
+        .args(["--ops", "3000", "--shuffle-window", "500", "--duplicates", "0.05", "--invalid", "0.02"])
+        .args(["--node-pid", &n.child.id().to_string(), "--data-dir", dir.path().to_str().unwrap(), "--timeout-s", "120"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["root_ok"], true);
+    assert_eq!(report["ops"], 3000);
+    assert!(report["ops_per_s"].as_f64().unwrap() > 0.0);
+    // The invalid ops were dropped and counted, never applied.
+    assert!(n.metric("dagfold_engine_bad_signature_total") > 0.0);
+    assert!(n.metric("dagfold_engine_dropped_total") > 0.0);
+}

@@ -134,6 +134,8 @@ struct Ctx {
     progress: Arc<AtomicU64>,
     /// Set once the flood did at least its planned amount.
     planned_done: Arc<AtomicBool>,
+    /// Set once the flood is in place (the valid load starts then).
+    ready: Arc<AtomicBool>,
 }
 
 impl Ctx {
@@ -346,6 +348,7 @@ fn one_run(
         stop: Arc::new(AtomicBool::new(false)),
         progress: Arc::new(AtomicU64::new(0)),
         planned_done: Arc::new(AtomicBool::new(false)),
+        ready: Arc::new(AtomicBool::new(false)),
     };
     let rss = RssSampler::start(pid, Duration::from_millis(100));
     let rss_before_kb = node.rss_kb();
@@ -359,7 +362,12 @@ fn one_run(
     });
     // Let the flood get going before the valid load starts.
     if flooded {
-        wait_until(Duration::from_secs(30), || ctx.progress.load(Ordering::Relaxed) > 0);
+        let ready = wait_until(Duration::from_secs(120), || {
+            ctx.ready.load(Ordering::Relaxed) || (kind != "subscribers" && ctx.progress.load(Ordering::Relaxed) > 0)
+        });
+        if !ready {
+            eprintln!("flood campaign: {kind}: the flood is not in place after 120 s; the valid load starts anyway");
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
     let t_valid = Instant::now();
@@ -866,8 +874,16 @@ async fn subscribers_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
     let conn = connect(&ep, ctx.node).await?;
     let (mut w, mut r) = dagfold::net::open_bi(&conn).await.map_err(|e| e.to_string())?;
     w.write(&NodeMessage::Subscribe(Subscribe { scope: ctx.valid_scope, from_seq: 1 }).encode()).await.map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while ctx.metric("dagfold_subscribers_lagged_total", None) < 1.0 && Instant::now() < deadline && !ctx.stopped() {
+    // Every subscription registered before the valid load starts.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ctx.metric("dagfold_subscribers", None) < (n + quiet_n + 1) as f64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ctx.ready.store(true, Ordering::Relaxed);
+    // Read only once every subscriber of the valid scope, this one
+    // included, has been dropped as lagging.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while ctx.metric("dagfold_subscribers_lagged_total", None) < (n + 1) as f64 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut problems = Vec::new();
@@ -903,12 +919,6 @@ async fn subscribers_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
     }
     if lagged_at.is_none() && problems.is_empty() {
         problems.push("the late reader got no Lagged".into());
-    }
-    // The never-readers on the valid scope all lag (their windows are far
-    // smaller than the valid load's events).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while ctx.metric("dagfold_subscribers_lagged_total", None) < (n + 1) as f64 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let lagged = ctx.metric("dagfold_subscribers_lagged_total", None);
     if lagged < (n + 1) as f64 {
