@@ -169,7 +169,7 @@ fn flood_sync_requests_short() {
     campaign(&["flood", "--short", "--kind", "sync"]);
 }
 
-/// A full disk: a 24 MiB tmpfs filled up to 768 KiB (needs mount
+/// A full disk: a 64 MiB tmpfs filled up to 768 KiB (needs mount
 /// permission; without it, the campaign falls back to a write error and
 /// says so in its notes). The node refuses with a log line and the
 /// metrics, keeps answering status, and after space returns and a restart

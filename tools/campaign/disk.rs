@@ -24,8 +24,9 @@ pub struct DiskArgs {
     /// mounted, else efbig).
     #[arg(long, default_value = "auto")]
     pub fault: String,
-    /// Size of the tmpfs (MiB).
-    #[arg(long, default_value_t = 24)]
+    /// Size of the tmpfs (MiB): once the filler is gone it must hold the
+    /// whole load (about 1.5 KiB an op with the WAL and the first flush).
+    #[arg(long, default_value_t = 64)]
     pub tmpfs_mb: u64,
     /// Space left free on the tmpfs after filling it (KiB).
     #[arg(long, default_value_t = 768)]

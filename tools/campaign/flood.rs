@@ -962,13 +962,12 @@ async fn sync_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
     let ops_received = Arc::new(AtomicU64::new(0));
     let done_replies = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for c in 0..2 {
+    for _ in 0..2 {
         let conn = connect(&ep, ctx.node).await?;
         for w in 0..4 {
-            let reader = !(w == 3);
+            let reader = w != 3;
             let (conn, ctx, requests, ops_received, done_replies) =
                 (conn.clone(), ctx.clone(), requests.clone(), ops_received.clone(), done_replies.clone());
-            let _ = c;
             tasks.push(tokio::spawn(async move {
                 loop {
                     let i = requests.fetch_add(1, Ordering::Relaxed);
