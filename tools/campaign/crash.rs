@@ -80,29 +80,13 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
     // the first governance op before its own key delivery (a durable key
     // wait on A, right at the start).
     let file = work.join("load.frames");
-    let gen = crate::proc::run_tool(
-        &bins.loadgen,
-        &[
-            "file".into(),
-            "--out".into(),
-            file.display().to_string(),
-            "--public-key".into(),
-            hex::encode(id_b.public_key),
-            "--kem-public-key".into(),
-            hex::encode(id_b.kem_public),
-            "--ops".into(),
-            a.ops.to_string(),
-            "--writers".into(),
-            a.writers.to_string(),
-            "--seed".into(),
-            a.seed.to_string(),
-            "--extra-recipient".into(),
-            format!("{}:{}", hex::encode(id_a.public_key), hex::encode(id_a.kem_public)),
-        ],
-        Duration::from_secs(600),
-        work,
-        "loadgen-file",
-    )?;
+    let extra = [
+        "--writers".to_string(),
+        a.writers.to_string(),
+        "--extra-recipient".into(),
+        format!("{}:{}", hex::encode(id_a.public_key), hex::encode(id_a.kem_public)),
+    ];
+    let gen = crate::proc::loadgen_file(bins, work, "loadgen-file", &file, &id_b, a.ops, a.seed, &extra)?;
     let scope_hex = gen["scope"].as_str().ok_or("loadgen file: no scope")?.to_string();
     let root_hex = gen["root"].as_str().ok_or("loadgen file: no root")?.to_string();
     let total_ops = gen["ops"].as_u64().ok_or("loadgen file: no ops")?;

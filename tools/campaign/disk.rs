@@ -130,27 +130,8 @@ pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, 
     node.start(Duration::from_secs(60))?;
 
     let file = work.join("load.frames");
-    let gen = run_tool(
-        &bins.loadgen,
-        &[
-            "file".into(),
-            "--out".into(),
-            file.display().to_string(),
-            "--public-key".into(),
-            hex::encode(id_a.public_key),
-            "--kem-public-key".into(),
-            hex::encode(id_a.kem_public),
-            "--ops".into(),
-            a.ops.to_string(),
-            "--seed".into(),
-            a.seed.to_string(),
-            "--extra-recipient".into(),
-            format!("{}:{}", hex::encode(id_b.public_key), hex::encode(id_b.kem_public)),
-        ],
-        Duration::from_secs(600),
-        work,
-        "loadgen-file",
-    )?;
+    let extra = ["--extra-recipient".to_string(), format!("{}:{}", hex::encode(id_b.public_key), hex::encode(id_b.kem_public))];
+    let gen = crate::proc::loadgen_file(bins, work, "loadgen-file", &file, &id_a, a.ops, a.seed, &extra)?;
     let scope_hex = gen["scope"].as_str().ok_or("no scope")?.to_string();
     let root_hex = gen["root"].as_str().ok_or("no root")?.to_string();
     let total_ops = gen["ops"].as_u64().ok_or("no ops")?;

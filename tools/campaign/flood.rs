@@ -219,25 +219,7 @@ pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
     seed_identity(&template, &id)?;
     let file_of = |name: &str, ops: usize, seed: u64| -> Result<serde_json::Value, String> {
         let path = work.join(format!("{name}.frames"));
-        let mut v = run_tool(
-            &bins.loadgen,
-            &[
-                "file".into(),
-                "--out".into(),
-                path.display().to_string(),
-                "--public-key".into(),
-                hex::encode(id.public_key),
-                "--kem-public-key".into(),
-                hex::encode(id.kem_public),
-                "--ops".into(),
-                ops.to_string(),
-                "--seed".into(),
-                seed.to_string(),
-            ],
-            Duration::from_secs(600),
-            work,
-            &format!("loadgen-file-{name}"),
-        )?;
+        let mut v = crate::proc::loadgen_file(bins, work, &format!("loadgen-file-{name}"), &path, &id, ops, seed, &[])?;
         v["path"] = json!(path.display().to_string());
         Ok(v)
     };

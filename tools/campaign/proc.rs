@@ -316,6 +316,36 @@ impl Drop for ToolProc {
 }
 
 /// Runs a tool to completion (bounded) and returns its last JSON line.
+/// `dagfold-loadgen file` for the node with identity `id`: writes the frames
+/// to `out` and returns the generator's JSON (scope, root, ops). `extra` is
+/// passed on (`--writers`, `--extra-recipient`, ...).
+pub fn loadgen_file(
+    bins: &Bins,
+    work: &Path,
+    name: &str,
+    out: &Path,
+    id: &dagfold::core::Identity,
+    ops: usize,
+    seed: u64,
+    extra: &[String],
+) -> Result<serde_json::Value, String> {
+    let mut args: Vec<String> = vec![
+        "file".into(),
+        "--out".into(),
+        out.display().to_string(),
+        "--public-key".into(),
+        hex::encode(id.public_key),
+        "--kem-public-key".into(),
+        hex::encode(id.kem_public),
+        "--ops".into(),
+        ops.to_string(),
+        "--seed".into(),
+        seed.to_string(),
+    ];
+    args.extend(extra.iter().cloned());
+    run_tool(&bins.loadgen, &args, Duration::from_secs(600), work, name)
+}
+
 pub fn run_tool(bin: &Path, args: &[String], timeout: Duration, dir: &Path, name: &str) -> Result<serde_json::Value, String> {
     let out = dir.join(format!("{name}.out"));
     let err = dir.join(format!("{name}.err"));
