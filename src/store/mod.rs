@@ -36,6 +36,18 @@ pub trait Store: TableScan + Send {
     }
 }
 
+/// Bytes of the files under `path` (the store's footprint on disk).
+pub fn dir_bytes(path: &std::path::Path) -> u64 {
+    let Ok(rd) = std::fs::read_dir(path) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 /// The node identity, created on first use and kept in the store.
 pub fn load_or_create_identity(store: &mut dyn Store) -> Result<crate::core::Identity, StoreError> {
     use crate::core::{Identity, META_IDENTITY};

@@ -122,18 +122,9 @@ impl Store for RocksStore {
     }
 
     fn disk_bytes(&self) -> u64 {
-        fn walk(p: &Path) -> u64 {
-            let Ok(rd) = std::fs::read_dir(p) else { return 0 };
-            rd.flatten()
-                .map(|e| match e.metadata() {
-                    Ok(m) if m.is_dir() => walk(&e.path()),
-                    Ok(m) => m.len(),
-                    Err(_) => 0,
-                })
-                .sum()
-        }
-        walk(&self.path)
+        super::dir_bytes(&self.path)
     }
+
 }
 
 /// Concurrent reads of committed data: ops for sync, events for

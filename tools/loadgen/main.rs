@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use dagfold::protocol::crypto::{encode_op, key_id_of};
+use dagfold::protocol::crypto::key_id_of;
 use dagfold::protocol::*;
 use dagfold::workload::{generate, shuffle_within_windows, sign_op, Member, WorkloadConfig};
 use rand::{Rng, SeedableRng};
@@ -268,17 +268,6 @@ fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
     s.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn dir_bytes(p: &std::path::Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(p) else { return 0 };
-    rd.flatten()
-        .map(|e| match e.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        })
-        .sum()
-}
-
 fn invalid_ops(w: &dagfold::workload::Workload, n: usize, seed: u64) -> Vec<Vec<u8>> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xBAD);
     let data: Vec<&dagfold::workload::Generated> = w.messages.iter().filter(|m| m.is_data).collect();
@@ -359,7 +348,6 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
     }
     let expected_applied = (w.messages.iter().filter(|m| m.id != ZERO).count()) as u64;
     eprintln!("loadgen: generated in {:.1} s; sending {} frames", t_gen.elapsed().as_secs_f64(), data.len() + prefix.len());
-    let _ = encode_op; // (re-exported for tools that build ops by hand)
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
     let cpu0 = a.node_pid.and_then(cpu_seconds);
@@ -479,7 +467,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         (Some(c0), Some(c1)) => Some((c1 - c0) / elapsed.as_secs_f64()),
         _ => None,
     };
-    let disk = a.data_dir.as_deref().map(dir_bytes);
+    let disk = a.data_dir.as_deref().map(dagfold::store::dir_bytes);
     let rss_tail_flat = if rss_series.len() > 10 {
         let half = &rss_series[rss_series.len() / 2..];
         let (mn, mx) = (half.iter().min().unwrap(), half.iter().max().unwrap());
