@@ -10,8 +10,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dagfold::admin::{self, StatusSource};
+use dagfold::net::fair::TURN_ITEMS;
 use dagfold::net::frame::{read_frame, FrameError};
-use dagfold::net::server::ConfigError;
+use dagfold::net::server::{ConfigError, FRAME_CHARGE_OVERHEAD_BYTES};
 use dagfold::net::{
     client_endpoint, connect, make_endpoint, open_bi, run_server, send_frames_uni, tls, FrameDecoder, Inbound,
     ServerConfig, ERR_MALFORMED,
@@ -90,7 +91,12 @@ impl TestServer {
     }
 
     async fn client(&self) -> (Endpoint, Connection) {
-        let endpoint = client_endpoint(loopback(), &self.cfg).expect("client endpoint");
+        self.client_from([127, 0, 0, 1]).await
+    }
+
+    /// A client bound to another loopback address: another origin.
+    async fn client_from(&self, ip: [u8; 4]) -> (Endpoint, Connection) {
+        let endpoint = client_endpoint(SocketAddr::from((ip, 0)), &self.cfg).expect("client endpoint");
         let conn = timeout(WAIT, connect(&endpoint, self.addr)).await.expect("connect in time").expect("connect");
         (endpoint, conn)
     }
@@ -283,10 +289,17 @@ async fn replies_on_a_bi_stream_reach_the_client() {
 async fn a_full_channel_pushes_back_on_the_sender() {
     const FRAME_BYTES: usize = 1024;
     const STREAM_WINDOW_BYTES: u32 = 64 * 1024;
-    // Small windows so flow control bites quickly and the bound is tight.
+    // Room for this many frames in the origin's byte share.
+    const SHARE_FRAMES: u64 = 8;
+    let share = SHARE_FRAMES * (FRAME_BYTES as u64 + u64::from(FRAME_CHARGE_OVERHEAD_BYTES));
+    // Small windows and share so flow control bites quickly and the bound is
+    // tight.
     let cfg = ServerConfig {
         stream_receive_window_bytes: STREAM_WINDOW_BYTES,
         connection_receive_window_bytes: 2 * STREAM_WINDOW_BYTES,
+        frame_bytes_max: FRAME_BYTES as u32,
+        origin_frames_buffered_bytes_max: share,
+        frames_buffered_bytes_max: share,
         ..ServerConfig::default()
     };
     // Capacity 1, and nobody drains it (yet).
@@ -309,17 +322,18 @@ async fn a_full_channel_pushes_back_on_the_sender() {
         written += 1;
     }
     // What can be in flight: the stream window, and the frames the server
-    // holds (one in the channel, one waiting to enter it), plus slack for a
-    // window update racing the last frames.
-    let in_flight_max = STREAM_WINDOW_BYTES as usize / FRAME_BYTES + 2 + 16;
+    // holds (the byte share, one in the channel, one in the dispatcher's
+    // hand), plus slack for a window update racing the last frames.
+    let held_max = SHARE_FRAMES as usize + 2;
+    let in_flight_max = STREAM_WINDOW_BYTES as usize / FRAME_BYTES + held_max + 16;
     assert!(written < in_flight_max, "the writer blocked after {written} frames (bound {in_flight_max})");
     // And it blocked because the window filled, not at the first frame.
     assert!(written >= STREAM_WINDOW_BYTES as usize / FRAME_BYTES / 2, "blocked after only {written} frames");
 
-    // The server took exactly what its channel and stream task hold.
+    // The server took exactly what its byte share and channel hold.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let decoded = server.decoder.decoded.load(Ordering::SeqCst);
-    assert!(decoded <= 2, "the server decoded {decoded} frames with a channel of capacity 1");
+    let decoded = server.decoder.decoded.load(Ordering::SeqCst) as usize;
+    assert!(decoded <= held_max, "the server decoded {decoded} frames with room for {held_max}");
 
     // Draining the channel lets the writer go on.
     let pending_write = tokio::spawn(async move {
@@ -335,12 +349,15 @@ async fn a_full_channel_pushes_back_on_the_sender() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_frame_holds_the_byte_budget_only_until_its_deadline() {
+async fn a_stalled_frame_holds_only_its_origins_share_until_its_deadline() {
     const FRAME_RECEIVE_TIMEOUT_MS: u32 = 1_000;
-    // A budget of exactly one maximum frame, so one stalled frame fills it.
+    let one = 1024 + u64::from(FRAME_CHARGE_OVERHEAD_BYTES);
+    // An origin's share is one maximum frame, so one stalled frame fills it;
+    // the global budget is two.
     let cfg = ServerConfig {
         frame_bytes_max: 1024,
-        frames_buffered_bytes_max: 1024,
+        origin_frames_buffered_bytes_max: one,
+        frames_buffered_bytes_max: 2 * one,
         frame_receive_timeout_ms: FRAME_RECEIVE_TIMEOUT_MS,
         ..ServerConfig::default()
     };
@@ -356,14 +373,131 @@ async fn a_stalled_frame_holds_the_byte_budget_only_until_its_deadline() {
 
     let sender_conn = conn.clone();
     let sender = tokio::spawn(async move { send_frames_uni(&sender_conn, [good(b"waits")]).await });
-    // The second frame cannot be reserved while the first holds the budget.
+    // The origin's next frame cannot be reserved while the first holds its
+    // share, even on another connection...
+    let (_e2, same_origin) = server.client().await;
+    let same = tokio::spawn(async move { send_frames_uni(&same_origin, [good(b"same origin")]).await });
     let early = timeout(Duration::from_millis(300), server.items.recv()).await;
-    assert!(early.is_err(), "a frame was delivered while the budget was full");
+    assert!(early.is_err(), "a frame was delivered while its origin's share was full");
+    // ...but another origin goes on at once.
+    let (_e3, other_origin) = server.client_from([127, 0, 0, 2]).await;
+    send_frames_uni(&other_origin, [good(b"other origin")]).await.expect("acknowledged");
+    assert_eq!(server.next().await.item, good(b"other origin"));
 
     let stopped = timeout(WAIT, stalled.stopped()).await.expect("stopped in time").expect("connection alive");
     assert_eq!(stopped, Some(VarInt::from_u32(dagfold::net::ERR_TIMEOUT)));
-    assert_eq!(server.next().await.item, good(b"waits"));
+    let mut late = vec![server.next().await.item, server.next().await.item];
+    late.sort();
+    assert_eq!(late, vec![good(b"same origin"), good(b"waits")]);
     timeout(WAIT, sender).await.expect("in time").expect("task").expect("acknowledged");
+    timeout(WAIT, same).await.expect("in time").expect("task").expect("acknowledged");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn origins_are_served_in_turn_not_first_come_first_served() {
+    const FLOOD: usize = 2_000;
+    const VALID: usize = 64;
+    let mut server = TestServer::start(ServerConfig::default(), 1).await;
+    // One origin queues a flood on 4 streams while nobody drains...
+    let (_e1, flooder) = server.client().await;
+    let mut tasks = Vec::new();
+    for s in 0..4 {
+        let conn = flooder.clone();
+        tasks.push(tokio::spawn(async move {
+            let frames: Vec<Vec<u8>> = (0..FLOOD / 4).map(|i| good(format!("f{s}-{i}").as_bytes())).collect();
+            send_frames_uni(&conn, frames).await
+        }));
+    }
+    for t in tasks {
+        timeout(WAIT, t).await.expect("in time").expect("task").expect("acknowledged");
+    }
+    let wait_decoded = |n: u64| {
+        let decoder = server.decoder.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            while decoder.decoded.load(Ordering::SeqCst) < n {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "only {} decoded",
+                    decoder.decoded.load(Ordering::SeqCst)
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_decoded(FLOOD as u64).await;
+    // ...then another origin sends a few, behind the whole flood in time.
+    let (_e2, valid) = server.client_from([127, 0, 0, 3]).await;
+    let frames: Vec<Vec<u8>> = (0..VALID).map(|i| good(format!("v{i:03}").as_bytes())).collect();
+    send_frames_uni(&valid, frames.clone()).await.expect("acknowledged");
+    wait_decoded((FLOOD + VALID) as u64).await;
+
+    let mut got = Vec::new();
+    for _ in 0..FLOOD + VALID {
+        got.push(server.next().await.item);
+    }
+    let positions: Vec<usize> = got.iter().enumerate().filter(|(_, x)| x[1] == b'v').map(|(i, _)| i).collect();
+    // First come, first served would put them last (from 2000 on). In turn,
+    // they are out within a few turns: each of theirs alternates with one
+    // of the flooder's, after what the channel and dispatcher held.
+    let last = *positions.last().expect("the valid frames arrived");
+    let bound = 2 * VALID + 2 * TURN_ITEMS + 2;
+    assert!(last < bound, "the other origin's last frame came out at {last} (bound {bound})");
+    // And in their order.
+    let valid_got: Vec<Vec<u8>> = positions.iter().map(|&i| got[i].clone()).collect();
+    assert_eq!(valid_got, frames);
+    server.stop().await;
+}
+
+fn refused_total(why: &str) -> u64 {
+    counter_value(&metrics().render(), &format!("dagfold_net_connections_refused_total{{reason=\"{why}\"}}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_is_refused_beyond_its_open_connections() {
+    let cfg = ServerConfig { connections_per_origin_max: 2, ..ServerConfig::default() };
+    let before = refused_total("origin_connections");
+    let mut server = TestServer::start(cfg, 16).await;
+    let (_e1, a) = server.client().await;
+    let (_e2, _b) = server.client().await;
+    let third = client_endpoint(loopback(), &server.cfg).expect("endpoint");
+    let refused = timeout(WAIT, connect(&third, server.addr)).await.expect("answer in time");
+    assert!(refused.is_err(), "a third connection from one origin is refused");
+    assert!(refused_total("origin_connections") > before, "the refusal is counted by reason");
+    // Another origin is not refused.
+    let (_e3, c) = server.client_from([127, 0, 0, 4]).await;
+    send_frames_uni(&c, [good(b"other")]).await.expect("acknowledged");
+    assert_eq!(server.next().await.item, good(b"other"));
+    // Once one closes, its slot is back.
+    a.close(VarInt::from_u32(0), b"done");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(Ok(_conn)) = timeout(WAIT, connect(&third, server.addr)).await {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_is_refused_beyond_its_connection_rate() {
+    // Bursts of 3, then one every 1000 s: the fourth within the test is over.
+    let cfg = ServerConfig { connection_rate_per_origin: 1, connection_burst_per_origin: 3, ..ServerConfig::default() };
+    let before = refused_total("origin_rate");
+    let server = TestServer::start(cfg, 16).await;
+    for _ in 0..3 {
+        let (_e, conn) = server.client().await;
+        conn.close(VarInt::from_u32(0), b"done");
+    }
+    let fourth = client_endpoint(loopback(), &server.cfg).expect("endpoint");
+    let refused = timeout(WAIT, connect(&fourth, server.addr)).await.expect("answer in time");
+    assert!(refused.is_err(), "the fourth connection in a burst of 3 is refused");
+    assert!(refused_total("origin_rate") > before, "the refusal is counted by reason");
+    // Another origin has its own bucket.
+    let (_e, _conn) = server.client_from([127, 0, 0, 5]).await;
     server.stop().await;
 }
 

@@ -142,6 +142,16 @@ fn flood_garbage_short() {
     eprintln!("garbage: valid rate flood/clean {}", r["kinds"]["garbage"]["valid_rate_ratio"]);
 }
 
+/// Streams from one host that announce 1 MiB frames and stall hold only
+/// their origin's share of the frame byte budget: the valid load, from
+/// another host, is applied in full while they stall.
+#[test]
+fn flood_stall_short() {
+    let _g = serial();
+    let r = campaign(&["flood", "--short", "--kind", "stall"]);
+    eprintln!("stall: valid rate flood/clean {}", r["kinds"]["stall"]["valid_rate_ratio"]);
+}
+
 /// Connections opened and closed in a loop, 96 at once against
 /// `--connections-max 64`: refusals counted, every slot given back.
 #[test]

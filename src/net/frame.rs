@@ -72,7 +72,7 @@ pub async fn read_length(recv: &mut RecvStream, max_len: u32) -> Result<Option<u
             return Err(FrameError::Truncated {
                 expected: FRAME_PREFIX_BYTES,
                 got: got as u32, // < 4: read into a 4-byte buffer
-            })
+            });
         }
         Err(ReadExactError::ReadError(e)) => return Err(e.into()),
     }
@@ -84,18 +84,28 @@ pub async fn read_length(recv: &mut RecvStream, max_len: u32) -> Result<Option<u
 }
 
 /// Reads exactly `len` bytes of content. The caller has checked `len` against
-/// its limit (`read_length` does), so this allocation is bounded.
+/// its limit (`read_length` does). Memory grows as the bytes arrive, so a
+/// frame announced but never sent costs at most [`CONTENT_FIRST_ALLOC_BYTES`].
 pub async fn read_content(recv: &mut RecvStream, len: u32) -> Result<Vec<u8>, FrameError> {
-    let mut content = vec![0u8; len as usize];
-    match recv.read_exact(&mut content).await {
-        Ok(()) => Ok(content),
-        Err(ReadExactError::FinishedEarly(got)) => Err(FrameError::Truncated {
-            expected: len,
-            got: got as u32, // < len, itself a u32
-        }),
-        Err(ReadExactError::ReadError(e)) => Err(e.into()),
+    let len = len as usize;
+    let mut content = Vec::with_capacity(len.min(CONTENT_FIRST_ALLOC_BYTES));
+    while content.len() < len {
+        match recv.read_chunk(len - content.len(), true).await {
+            Ok(Some(chunk)) => content.extend_from_slice(&chunk.bytes),
+            Ok(None) => {
+                return Err(FrameError::Truncated {
+                    expected: len as u32,      // a u32 argument
+                    got: content.len() as u32, // < len
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
+    Ok(content)
 }
+
+/// What `read_content` allocates before any content has arrived.
+pub const CONTENT_FIRST_ALLOC_BYTES: usize = 64 * 1024;
 
 /// Reads one frame. `Ok(None)` on a clean end of stream between frames;
 /// `Ok(Some(vec![]))` for a zero-length frame (valid framing: what an empty
@@ -113,8 +123,8 @@ pub async fn write_frame(send: &mut SendStream, content: &[u8]) -> Result<(), Fr
         return Err(FrameWriteError::Oversize { len: content.len() });
     }
     let len = content.len() as u32; // checked just above
-    // Two writes rather than one concatenated buffer: quinn copies both into
-    // its send buffer anyway, so this saves a copy of the content.
+                                    // Two writes rather than one concatenated buffer: quinn copies both into
+                                    // its send buffer anyway, so this saves a copy of the content.
     send.write_all(&len.to_le_bytes()).await?;
     send.write_all(content).await?;
     Ok(())

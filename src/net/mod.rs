@@ -13,6 +13,7 @@
 //! tasks stop reading and the peers' writes block (see `server`).
 
 pub mod client;
+pub mod fair;
 pub mod frame;
 pub mod server;
 pub mod tls;

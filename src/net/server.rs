@@ -24,17 +24,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use quinn::{Endpoint, IdleTimeout, RecvStream, SendStream, TransportConfig, VarInt};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 
 use super::codes::{ERR_MALFORMED, ERR_SHUTDOWN, ERR_TIMEOUT};
-use super::frame::{
-    read_content, read_length, write_frame, FrameError, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES,
-};
+use super::fair::{origin_of, Admission, Fair, Held, Lane, OriginSlot, Refusal};
+use super::frame::{read_content, read_length, write_frame, FrameError, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES};
 use super::tls::{self, TlsError};
 
 /// Frames queued on one [`Reply`] before `send` waits (`try_send` fails).
@@ -98,12 +97,33 @@ pub struct ServerConfig {
     /// verify ceiling, enough to keep the pipeline fed. At least
     /// `frame_bytes_max`, so a maximum frame can always be reserved.
     pub frames_buffered_bytes_max: u64,
-    /// Once a frame's length has arrived, its content must arrive within
+    /// The share of `frames_buffered_bytes_max` one origin (an IPv4
+    /// address or an IPv6 /64, see `fair`) may hold, its queued items
+    /// included. Default 16 MiB: ≈ 50k ops of 300 bytes, more than a second
+    /// of work for the whole node, so one busy peer is never starved by its
+    /// share, while a stalling or flooding host leaves three quarters of the
+    /// budget to the others.
+    pub origin_frames_buffered_bytes_max: u64,
+    /// Connections one origin may have open at once; beyond, refused before
+    /// the handshake and counted. Default 64, a quarter of `connections_max`.
+    pub connections_per_origin_max: u32,
+    /// New connections a second one origin may open, on average; 0 turns
+    /// the limit off. Default 200, with bursts of
+    /// `connection_burst_per_origin` (default 1000): far above what a peer
+    /// or a client needs, and far below what a handshake flood needs to
+    /// take the node's CPU (each handshake costs both sides ~1 ms of crypto).
+    pub connection_rate_per_origin: u32,
+    pub connection_burst_per_origin: u32,
+    /// Once a frame's bytes are reserved, its content must arrive within
     /// this, else the stream is stopped with `ERR_TIMEOUT` and counted: it
     /// bounds how long a slow sender can hold part of the byte budget.
-    /// Default 30 s: 1 MiB in 30 s is 35 KB/s, below any useful link.
+    /// Default 10 s: 1 MiB in 10 s is 100 KB/s, below any useful link.
     pub frame_receive_timeout_ms: u32,
 }
+
+/// What each frame is charged in the byte budgets beyond its content: the
+/// queued item's own size, so that empty frames are bounded too.
+pub const FRAME_CHARGE_OVERHEAD_BYTES: u32 = 64;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -116,7 +136,11 @@ impl Default for ServerConfig {
             frame_bytes_max: FRAME_CONTENT_BYTES_MAX,
             idle_timeout_ms: 30_000,
             frames_buffered_bytes_max: 64 * 1024 * 1024,
-            frame_receive_timeout_ms: 30_000,
+            origin_frames_buffered_bytes_max: 16 * 1024 * 1024,
+            connections_per_origin_max: 64,
+            connection_rate_per_origin: 200,
+            connection_burst_per_origin: 1000,
+            frame_receive_timeout_ms: 10_000,
         }
     }
 }
@@ -132,7 +156,13 @@ pub struct ConfigError {
 impl ServerConfig {
     /// Checks the bounds against each other.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let check = |ok: bool, field, why| if ok { Ok(()) } else { Err(ConfigError { field, why }) };
+        let check = |ok: bool, field, why| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError { field, why })
+            }
+        };
         check(self.connections_max >= 1, "connections_max", "must be at least 1")?;
         check(self.streams_per_connection_max >= 1, "streams_per_connection_max", "must be at least 1")?;
         check(self.stream_receive_window_bytes >= 1, "stream_receive_window_bytes", "must be at least 1")?;
@@ -148,11 +178,18 @@ impl ServerConfig {
         )?;
         // Zero would mean "no idle timeout" to QUIC: an unbounded wait.
         check(self.idle_timeout_ms >= 1, "idle_timeout_ms", "must be at least 1")?;
+        let charge_max = u64::from(self.frame_bytes_max) + u64::from(FRAME_CHARGE_OVERHEAD_BYTES);
         check(
-            self.frames_buffered_bytes_max >= u64::from(self.frame_bytes_max),
-            "frames_buffered_bytes_max",
-            "must be at least frame_bytes_max",
+            self.origin_frames_buffered_bytes_max >= charge_max,
+            "origin_frames_buffered_bytes_max",
+            "must be at least frame_bytes_max + 64",
         )?;
+        check(
+            self.frames_buffered_bytes_max >= self.origin_frames_buffered_bytes_max,
+            "frames_buffered_bytes_max",
+            "must be at least origin_frames_buffered_bytes_max",
+        )?;
+        check(self.connections_per_origin_max >= 1, "connections_per_origin_max", "must be at least 1")?;
         check(
             self.frames_buffered_bytes_max <= Semaphore::MAX_PERMITS as u64,
             "frames_buffered_bytes_max",
@@ -413,6 +450,8 @@ pub mod metric {
     pub const CONNECTIONS_REFUSED: &str = "dagfold_net_connections_refused_total";
     pub const HANDSHAKES_FAILED: &str = "dagfold_net_handshakes_failed_total";
     pub const CONNECTIONS_OPEN: &str = "dagfold_net_connections_open";
+    /// Origins (IPv4 addresses, IPv6 /64s) with a connection or queued items.
+    pub const ORIGINS: &str = "dagfold_net_origins";
     /// Label `direction`: `uni` or `bi`.
     pub const STREAMS_OPENED: &str = "dagfold_net_streams_opened_total";
     pub const FRAMES_RECEIVED: &str = "dagfold_net_frames_received_total";
@@ -426,7 +465,11 @@ pub mod metric {
 
 fn describe_metrics() {
     describe_counter!(metric::CONNECTIONS_ACCEPTED, "QUIC connections whose handshake completed");
-    describe_counter!(metric::CONNECTIONS_REFUSED, "QUIC connections refused at connections_max");
+    describe_counter!(
+        metric::CONNECTIONS_REFUSED,
+        "QUIC connections refused before the handshake, by reason (connections_max, origin_connections, origin_rate)"
+    );
+    describe_gauge!(metric::ORIGINS, "origins (IPv4 addresses, IPv6 /64s) with a connection or queued frames");
     describe_counter!(metric::HANDSHAKES_FAILED, "QUIC handshakes that failed or timed out");
     describe_gauge!(metric::CONNECTIONS_OPEN, "QUIC connections open, handshaking ones included");
     describe_counter!(metric::STREAMS_OPENED, "streams opened by peers, by direction");
@@ -440,17 +483,21 @@ fn describe_metrics() {
 /// What every stream task needs.
 struct Shared<D: FrameDecoder> {
     decoder: Arc<D>,
-    items: mpsc::Sender<Inbound<D::Item>>,
-    /// Permits are bytes of frames held between quinn and `items`.
-    frame_bytes_budget: Semaphore,
+    /// Decoded items wait here, one queue per origin, for the dispatcher.
+    fair: Fair<Inbound<D::Item>>,
+    /// Permits are bytes of frames held between quinn and the node's
+    /// channel, all origins together (each frame charged its length plus
+    /// [`FRAME_CHARGE_OVERHEAD_BYTES`]).
+    frame_bytes_budget: Arc<Semaphore>,
     frame_bytes_max: u32,
     frame_receive_timeout: Duration,
 }
 
 /// Accepts connections and streams on `endpoint` and sends each decoded
-/// frame to `items`, until `shutdown` turns true (or its sender drops, or the
-/// endpoint closes). Then closes the endpoint with [`ERR_SHUTDOWN`], waits up
-/// to [`SHUTDOWN_DRAIN_MS`] for peers to learn of it, and stops every task.
+/// frame to `items`, each origin in turn (see [`super::fair`]), until
+/// `shutdown` turns true (or its sender drops, or the endpoint closes). Then
+/// closes the endpoint with [`ERR_SHUTDOWN`], waits up to
+/// [`SHUTDOWN_DRAIN_MS`] for peers to learn of it, and stops every task.
 ///
 /// `cfg` is the one `endpoint` was made with; its transport bounds already
 /// live in the endpoint, the rest are applied here.
@@ -463,14 +510,21 @@ pub async fn run_server<D: FrameDecoder>(
 ) -> Result<(), ConfigError> {
     cfg.validate()?;
     describe_metrics();
+    // All validated to fit a semaphore.
     let shared = Arc::new(Shared {
         decoder,
-        items,
-        frame_bytes_budget: Semaphore::new(cfg.frames_buffered_bytes_max as usize), // validated
+        fair: Fair::new(cfg.origin_frames_buffered_bytes_max as usize),
+        frame_bytes_budget: Arc::new(Semaphore::new(cfg.frames_buffered_bytes_max as usize)),
         frame_bytes_max: cfg.frame_bytes_max,
         frame_receive_timeout: Duration::from_millis(u64::from(cfg.frame_receive_timeout_ms)),
     });
+    let dispatcher = {
+        let shared = shared.clone();
+        tokio::spawn(async move { shared.fair.dispatch(items).await })
+    };
     let open = Arc::new(AtomicU32::new(0));
+    let mut admission =
+        Admission::new(cfg.connections_per_origin_max, cfg.connection_rate_per_origin, cfg.connection_burst_per_origin);
     // One entry per connection; finished ones are reaped at each accept, so
     // it holds at most connections_max + 1.
     let mut connections = JoinSet::new();
@@ -493,36 +547,51 @@ pub async fn run_server<D: FrameDecoder>(
         while let Some(done) = connections.try_join_next() {
             propagate_panic(done);
         }
+        let origin = origin_of(incoming.remote_address());
         // Only this loop adds to `open`, so the check cannot be raced past.
-        if open.load(Ordering::Acquire) >= cfg.connections_max {
-            counter!(metric::CONNECTIONS_REFUSED).increment(1);
-            incoming.refuse();
-            continue;
-        }
-        let slot = ConnectionSlot::take(open.clone());
+        let admitted = if open.load(Ordering::Acquire) >= cfg.connections_max {
+            Err(Refusal::Full)
+        } else {
+            admission.admit(origin, Instant::now())
+        };
+        let origin_slot = match admitted {
+            Ok(slot) => slot,
+            Err(why) => {
+                counter!(metric::CONNECTIONS_REFUSED, "reason" => why.label()).increment(1);
+                incoming.refuse();
+                continue;
+            }
+        };
+        let slot = ConnectionSlot::take(open.clone(), origin_slot);
         let conn_id = conn_id_next;
         conn_id_next += 1;
-        connections.spawn(serve_connection(incoming, conn_id, slot, shared.clone()));
+        let lane = shared.fair.lane(origin);
+        gauge!(metric::ORIGINS).set(shared.fair.origins() as f64);
+        connections.spawn(serve_connection(incoming, conn_id, slot, lane, shared.clone()));
     }
 
     endpoint.close(VarInt::from_u32(ERR_SHUTDOWN), b"shutdown");
     let drain = Duration::from_millis(u64::from(SHUTDOWN_DRAIN_MS));
     let _ = tokio::time::timeout(drain, endpoint.wait_idle()).await;
     connections.shutdown().await;
+    dispatcher.abort();
+    shared.fair.close();
     Ok(())
 }
 
-/// One unit of `connections_max`, held for the life of a connection task
-/// (handshake and stream tasks included, since those hold memory).
+/// One unit of `connections_max` and of the origin's open connections, held
+/// for the life of a connection task (handshake and stream tasks included,
+/// since those hold memory).
 struct ConnectionSlot {
     open: Arc<AtomicU32>,
+    _origin: OriginSlot,
 }
 
 impl ConnectionSlot {
-    fn take(open: Arc<AtomicU32>) -> ConnectionSlot {
+    fn take(open: Arc<AtomicU32>, origin: OriginSlot) -> ConnectionSlot {
         open.fetch_add(1, Ordering::AcqRel);
         gauge!(metric::CONNECTIONS_OPEN).increment(1.0);
-        ConnectionSlot { open }
+        ConnectionSlot { open, _origin: origin }
     }
 }
 
@@ -543,10 +612,19 @@ fn propagate_panic(done: Result<(), JoinError>) {
     }
 }
 
+/// What the stream tasks of one connection share.
+struct ConnectionCtx<D: FrameDecoder> {
+    conn_id: u64,
+    remote: SocketAddr,
+    lane: Arc<Lane<Inbound<D::Item>>>,
+    shared: Arc<Shared<D>>,
+}
+
 async fn serve_connection<D: FrameDecoder>(
     incoming: quinn::Incoming,
     conn_id: u64,
     slot: ConnectionSlot,
+    lane: Arc<Lane<Inbound<D::Item>>>,
     shared: Arc<Shared<D>>,
 ) {
     let _slot = slot;
@@ -564,7 +642,7 @@ async fn serve_connection<D: FrameDecoder>(
         }
     };
     counter!(metric::CONNECTIONS_ACCEPTED).increment(1);
-    let remote = conn.remote_address();
+    let ctx = Arc::new(ConnectionCtx { conn_id, remote: conn.remote_address(), lane, shared });
     // Bounded by the transport: at most streams_per_connection_max of each
     // direction are open (quinn grants new ones as old ones are released),
     // plus one writer per bidirectional stream.
@@ -579,7 +657,7 @@ async fn serve_connection<D: FrameDecoder>(
             uni = conn.accept_uni(), if uni_open => match uni {
                 Ok(recv) => {
                     counter!(metric::STREAMS_OPENED, "direction" => "uni").increment(1);
-                    streams.spawn(read_stream(recv, None, conn_id, remote, shared.clone()));
+                    streams.spawn(read_stream(recv, None, ctx.clone()));
                 }
                 Err(_) => uni_open = false,
             },
@@ -587,28 +665,42 @@ async fn serve_connection<D: FrameDecoder>(
                 Ok((send, recv)) => {
                     counter!(metric::STREAMS_OPENED, "direction" => "bi").increment(1);
                     let reply = Reply::spawn(send, &mut streams);
-                    streams.spawn(read_stream(recv, Some(reply), conn_id, remote, shared.clone()));
+                    streams.spawn(read_stream(recv, Some(reply), ctx.clone()));
                 }
                 Err(_) => bi_open = false,
             },
         }
     }
-    // The connection is gone. Stream tasks still waiting for the channel hold
-    // complete frames the peer was told (by QUIC acks) we received: let them
-    // hand those over rather than drop them. The rest end at once on the
+    // The connection is gone. Stream tasks still waiting for their budget
+    // hold complete frames the peer was told (by QUIC acks) we received: let
+    // them queue those rather than drop them. The rest end at once on the
     // lost connection. Server shutdown aborts this task, and them with it.
     while let Some(done) = streams.join_next().await {
         propagate_panic(done);
     }
 }
 
-async fn read_stream<D: FrameDecoder>(
-    mut recv: RecvStream,
-    reply: Option<Reply>,
-    conn_id: u64,
-    remote: SocketAddr,
-    shared: Arc<Shared<D>>,
-) {
+/// Reserves `n` bytes of the origin's and then of the global budget, so
+/// that an origin waits on its own share before it touches the global one.
+/// Each reservation is whole, never partial, so frames waiting for budget
+/// never hold part of it.
+///
+/// Why no smaller, per-connection share: a stream waiting here leaves its
+/// bytes in quinn, inside the connection's receive window, and a frame
+/// already reserved on the same connection needs that window to arrive. A
+/// share below the frames one connection has in flight would let a
+/// connection's waiting streams starve its own reserved ones until the frame
+/// timeout. The origin share (default 16 maximum frames) is far above what a
+/// peer has in flight; a host that exceeds it waits on itself.
+async fn reserve<D: FrameDecoder>(ctx: &ConnectionCtx<D>, n: u32) -> [OwnedSemaphorePermit; 2] {
+    let never_closed = "the frame budgets are never closed";
+    let origin = ctx.lane.bytes.clone().acquire_many_owned(n).await.expect(never_closed);
+    let global = ctx.shared.frame_bytes_budget.clone().acquire_many_owned(n).await.expect(never_closed);
+    [origin, global]
+}
+
+async fn read_stream<D: FrameDecoder>(mut recv: RecvStream, reply: Option<Reply>, ctx: Arc<ConnectionCtx<D>>) {
+    let shared = &ctx.shared;
     // Handles looked up once per stream, not once per frame.
     let frames_received = counter!(metric::FRAMES_RECEIVED);
     let bytes_received = counter!(metric::BYTES_RECEIVED);
@@ -618,9 +710,11 @@ async fn read_stream<D: FrameDecoder>(
             Ok(None) => return, // the peer finished the stream between frames
             Err(e) => return end_on_error(&mut recv, e),
         };
-        // Reserve the frame's bytes before allocating them. Waiting here
-        // stops reading, which pushes back on the peer like a full channel.
-        let budget = shared.frame_bytes_budget.acquire_many(len).await.expect("the frame budget is never closed");
+        // Reserve the frame's bytes before reading them. Waiting here stops
+        // reading, which pushes back on the peer like a full channel. The
+        // content is allocated as it arrives, so a frame announced but not
+        // sent holds a reservation, not memory.
+        let permits = reserve(&ctx, len + FRAME_CHARGE_OVERHEAD_BYTES).await;
         let content = match tokio::time::timeout(shared.frame_receive_timeout, read_content(&mut recv, len)).await {
             Ok(Ok(content)) => content,
             Ok(Err(e)) => return end_on_error(&mut recv, e),
@@ -641,15 +735,14 @@ async fn read_stream<D: FrameDecoder>(
             }
         };
         drop(content);
-        let inbound = Inbound { conn_id, remote, item, reply: reply.clone() };
-        // The budget stays held while waiting: the item is (about) the
-        // frame's size, and this wait is exactly when memory would pile up.
-        if shared.items.send(inbound).await.is_err() {
+        let inbound = Inbound { conn_id: ctx.conn_id, remote: ctx.remote, item, reply: reply.clone() };
+        // The reservation stays held while queued: the item is (about) the
+        // frame's size, and the queue is exactly where memory would pile up.
+        if shared.fair.push(&ctx.lane, Held { item: inbound, permits }).is_err() {
             // The node dropped its receiver: it takes nothing more.
             let _ = recv.stop(VarInt::from_u32(ERR_SHUTDOWN));
             return;
         }
-        drop(budget);
     }
 }
 

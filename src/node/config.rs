@@ -107,6 +107,18 @@ pub struct NodeArgs {
     /// Concurrent streams per connection, each direction [default: 32]
     #[arg(long)]
     pub streams_per_connection_max: Option<u32>,
+    /// QUIC connections open at once from one origin (an IPv4 address or
+    /// an IPv6 /64) [default: a quarter of --connections-max]
+    #[arg(long)]
+    pub connections_per_origin_max: Option<u32>,
+    /// New connections a second from one origin, on average; 0 for no limit
+    /// [default: 200]
+    #[arg(long)]
+    pub connection_rate_per_origin: Option<u32>,
+    /// Burst of new connections one origin may open above its rate
+    /// [default: 1000]
+    #[arg(long)]
+    pub connection_burst_per_origin: Option<u32>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -129,6 +141,9 @@ struct FileConfig {
     durability: Option<String>,
     connections_max: Option<u32>,
     streams_per_connection_max: Option<u32>,
+    connections_per_origin_max: Option<u32>,
+    connection_rate_per_origin: Option<u32>,
+    connection_burst_per_origin: Option<u32>,
 }
 
 impl NodeArgs {
@@ -162,6 +177,11 @@ impl NodeArgs {
         pick!(commit_ops_max, c.pipeline.commit_ops_max);
         pick!(connections_max, c.net.connections_max);
         pick!(streams_per_connection_max, c.net.streams_per_connection_max);
+        // One origin may take a quarter of the slots unless told otherwise.
+        c.net.connections_per_origin_max = (c.net.connections_max / 4).max(1);
+        pick!(connections_per_origin_max, c.net.connections_per_origin_max);
+        pick!(connection_rate_per_origin, c.net.connection_rate_per_origin);
+        pick!(connection_burst_per_origin, c.net.connection_burst_per_origin);
         c.peers = if self.peers.is_empty() { file.peers } else { self.peers };
         match self.durability.or(file.durability).as_deref() {
             None | Some("durable") => c.pipeline.sync = true,
@@ -174,6 +194,7 @@ impl NodeArgs {
         if c.buffered_ops_per_scope_max < 1 || c.buffered_ops_total_max < c.buffered_ops_per_scope_max {
             return Err("buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)".into());
         }
+        c.net.validate().map_err(|e| e.to_string())?;
         Ok(c)
     }
 }

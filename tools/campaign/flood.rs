@@ -37,6 +37,10 @@ use serde_json::json;
 use crate::check::{identity_from, seed_identity};
 use crate::proc::{metric_in, run_tool, wait_until, Bins, NodeProc, RssSampler};
 
+/// Where the valid load is sent from: another loopback address than the
+/// flood's, so that the node sees two origins, as it would two hosts.
+const VALID_SENDER_BIND: &str = "127.0.0.2:0";
+
 pub const KINDS: [&str; 7] = ["orphans", "garbage", "stall", "connections", "subscribers", "sync", "clean"];
 
 #[derive(clap::Args, Debug, Clone)]
@@ -204,7 +208,7 @@ fn make_orphans(n: usize, seed: u64) -> Vec<Vec<u8>> {
 pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, String> {
     let sz = Arc::new(Sizes::of(a));
     let kinds: Vec<String> = if a.kind == "all" {
-        ["orphans", "garbage", "connections", "subscribers", "sync"].iter().map(|s| s.to_string()).collect()
+        ["orphans", "garbage", "stall", "connections", "subscribers", "sync"].iter().map(|s| s.to_string()).collect()
     } else {
         a.kind.split(',').map(|s| s.trim().to_string()).collect()
     };
@@ -357,6 +361,10 @@ fn one_run(
         &bins.loadgen,
         &[
             "send".into(),
+            // The honest sender is another host than the flooder (which
+            // sends from 127.0.0.1): the node serves origins in turn.
+            "--bind".into(),
+            VALID_SENDER_BIND.into(),
             "--node".into(),
             node.listen.to_string(),
             "--admin".into(),

@@ -83,6 +83,10 @@ struct RunArgs {
     /// The node's QUIC address.
     #[arg(long, default_value = "127.0.0.1:7400")]
     node: SocketAddr,
+    /// The local address to send from (the node treats each address as
+    /// one origin, served in turn with the others).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    bind: SocketAddr,
     /// The node's HTTP status address.
     #[arg(long, default_value = "127.0.0.1:7401")]
     admin: SocketAddr,
@@ -146,6 +150,10 @@ struct SendArgs {
     /// The node's QUIC address.
     #[arg(long, default_value = "127.0.0.1:7400")]
     node: SocketAddr,
+    /// The local address to send from (the node treats each address as
+    /// one origin, served in turn with the others).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    bind: SocketAddr,
     /// The node's HTTP status address.
     #[arg(long, default_value = "127.0.0.1:7401")]
     admin: SocketAddr,
@@ -359,7 +367,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
     let t0 = Instant::now();
     let result = rt.block_on(async {
         let ncfg = dagfold::net::ServerConfig::default();
-        let endpoint = dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &ncfg).map_err(|e| e.to_string())?;
+        let endpoint = dagfold::net::client_endpoint(a.bind, &ncfg).map_err(|e| e.to_string())?;
         let first = dagfold::net::connect(&endpoint, a.node).await.map_err(|e| e.to_string())?;
         dagfold::net::send_frames_uni(&first, &prefix).await.map_err(|e| e.to_string())?;
         let mut conns = vec![first];
@@ -652,7 +660,7 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
     let file = Arc::new(file);
     rt.block_on(async {
         let ncfg = dagfold::net::ServerConfig::default();
-        let endpoint = dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &ncfg).map_err(|e| e.to_string())?;
+        let endpoint = dagfold::net::client_endpoint(a.bind, &ncfg).map_err(|e| e.to_string())?;
         loop {
             if Instant::now() > deadline {
                 return Err(format!(

@@ -1,0 +1,346 @@
+//! Fair ingest: decoded items wait in one queue per *origin* (a remote IPv4
+//! address, or an IPv6 /64), and one dispatcher hands them to the node's
+//! channel round-robin, [`TURN_ITEMS`] per origin per turn.
+//!
+//! Without it the node's channel is first come, first served per stream: a
+//! flooder with eight streams gets eight times the share of an honest peer
+//! with one. With it, every origin that has work waiting gets an equal turn,
+//! whatever its number of connections and streams; within an origin, items
+//! keep their arrival order, so one stream's frames stay in order.
+//!
+//! Memory: every queued item holds its frame's reservation of the byte
+//! budgets (its origin's and the global one), so the queues are bounded by bytes,
+//! not by trust in the sender; the reservation is released when the item
+//! enters the node's channel.
+//!
+//! Admission, also per origin ([`Admission`]): at most
+//! `connections_per_origin_max` connections open at once, and new
+//! connections limited by a token bucket (`connection_rate_per_origin` a
+//! second, bursts of `connection_burst_per_origin`), so that one host cannot
+//! take every connection slot or spend the node's CPU on handshakes.
+//! Refusal happens before the handshake, which is what makes it cheap.
+//!
+//! An attacker with many addresses is many origins: this bounds what one
+//! host can do, not what a botnet can.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+
+/// Items one origin hands on per turn before the next origin's turn: large
+/// enough to keep the dispatcher's per-item cost small, small enough that a
+/// turn is far below a batch of the pipeline.
+pub const TURN_ITEMS: usize = 32;
+
+/// Origins remembered by the admission rate limiter before idle ones are
+/// forgotten (an origin whose bucket is full again is indistinguishable from
+/// a new one, so forgetting it loses nothing).
+const ADMISSION_ORIGINS_MAX: usize = 65_536;
+
+/// The unit of fairness for `addr`: the IPv4 address (also when mapped into
+/// IPv6), or the IPv6 /64, the block one host is usually given.
+pub fn origin_of(addr: SocketAddr) -> IpAddr {
+    match addr.ip() {
+        IpAddr::V4(a) => IpAddr::V4(a),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut s = a.segments();
+                s[4..].fill(0);
+                IpAddr::V6(Ipv6Addr::from(s))
+            }
+        },
+    }
+}
+
+/// A queued item and the byte reservations it holds until it is handed on.
+pub(crate) struct Held<T> {
+    pub item: T,
+    pub permits: [OwnedSemaphorePermit; 2],
+}
+
+struct LaneQueue<T> {
+    items: VecDeque<Held<T>>,
+    /// True while the lane is in the ready list (or being served).
+    scheduled: bool,
+}
+
+/// One origin's queue and its share of the byte budget.
+pub(crate) struct Lane<T> {
+    /// The origin's share of the frame byte budget.
+    pub bytes: Arc<Semaphore>,
+    queue: Mutex<LaneQueue<T>>,
+}
+
+/// The lanes and the ready list, shared by stream tasks and the dispatcher.
+pub(crate) struct Fair<T> {
+    lanes: Mutex<HashMap<IpAddr, Weak<Lane<T>>>>,
+    ready: Mutex<VecDeque<Arc<Lane<T>>>>,
+    wake: Notify,
+    closed: AtomicBool,
+    origin_bytes_max: usize,
+}
+
+/// The node's channel is gone: it takes nothing more.
+#[derive(Debug)]
+pub(crate) struct Closed;
+
+impl<T: Send + 'static> Fair<T> {
+    pub fn new(origin_bytes_max: usize) -> Fair<T> {
+        Fair {
+            lanes: Mutex::new(HashMap::new()),
+            ready: Mutex::new(VecDeque::new()),
+            wake: Notify::new(),
+            closed: AtomicBool::new(false),
+            origin_bytes_max,
+        }
+    }
+
+    /// The lane of `origin`, made on first use. Connections hold their lane;
+    /// once none does (and it is not queued), it is freed, and the map entry
+    /// is swept at a later call.
+    pub fn lane(&self, origin: IpAddr) -> Arc<Lane<T>> {
+        let mut lanes = self.lanes.lock().unwrap();
+        if let Some(lane) = lanes.get(&origin).and_then(Weak::upgrade) {
+            return lane;
+        }
+        if lanes.len() >= 64 && lanes.len().is_power_of_two() {
+            lanes.retain(|_, w| w.strong_count() > 0);
+        }
+        let lane = Arc::new(Lane {
+            bytes: Arc::new(Semaphore::new(self.origin_bytes_max)),
+            queue: Mutex::new(LaneQueue { items: VecDeque::new(), scheduled: false }),
+        });
+        lanes.insert(origin, Arc::downgrade(&lane));
+        lane
+    }
+
+    /// Lanes alive (held by a connection or queued).
+    pub fn origins(&self) -> usize {
+        self.lanes.lock().unwrap().values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Queues `held` on `lane`, scheduling the lane if it was idle.
+    pub fn push(&self, lane: &Arc<Lane<T>>, held: Held<T>) -> Result<(), Closed> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Closed);
+        }
+        let mut q = lane.queue.lock().unwrap();
+        q.items.push_back(held);
+        if !q.scheduled {
+            q.scheduled = true;
+            drop(q);
+            self.ready.lock().unwrap().push_back(lane.clone());
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Hands queued items to `out`, one turn per ready origin in rotation,
+    /// until `out` closes. Run by exactly one task.
+    pub async fn dispatch(&self, out: mpsc::Sender<T>) {
+        let mut turn = Vec::with_capacity(TURN_ITEMS);
+        loop {
+            let lane = loop {
+                // A `notify_one` with nobody waiting is stored, so a push
+                // between this check and the wait is not missed.
+                if let Some(lane) = self.ready.lock().unwrap().pop_front() {
+                    break lane;
+                }
+                self.wake.notified().await;
+            };
+            let again = {
+                let mut q = lane.queue.lock().unwrap();
+                let n = q.items.len().min(TURN_ITEMS);
+                turn.extend(q.items.drain(..n));
+                q.scheduled = !q.items.is_empty();
+                q.scheduled
+            };
+            if again {
+                self.ready.lock().unwrap().push_back(lane);
+            }
+            for Held { item, permits } in turn.drain(..) {
+                if out.send(item).await.is_err() {
+                    self.close();
+                    return;
+                }
+                drop(permits);
+            }
+        }
+    }
+
+    /// Refuses later pushes and drops what is queued (its reservations with
+    /// it).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let lanes: Vec<_> = self.ready.lock().unwrap().drain(..).collect();
+        for lane in lanes {
+            lane.queue.lock().unwrap().items.clear();
+        }
+    }
+}
+
+/// Why an incoming connection was refused before its handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// `connections_max` connections are open.
+    Full,
+    /// Its origin has `connections_per_origin_max` open.
+    OriginFull,
+    /// Its origin opened connections faster than its rate allows.
+    OriginRate,
+}
+
+impl Refusal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Full => "connections_max",
+            Refusal::OriginFull => "origin_connections",
+            Refusal::OriginRate => "origin_rate",
+        }
+    }
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Connection admission per origin: open connections counted, new ones
+/// rate limited. Owned by the accept loop; the open counts are shared with
+/// the connections so that they can give their unit back.
+pub(crate) struct Admission {
+    open_max: u32,
+    rate: f64,
+    burst: f64,
+    open: HashMap<IpAddr, Arc<AtomicU32>>,
+    buckets: HashMap<IpAddr, Bucket>,
+}
+
+impl Admission {
+    /// `rate` connections a second per origin with bursts of `burst`; a
+    /// `rate` of 0 turns the limiter off.
+    pub fn new(open_max: u32, rate: u32, burst: u32) -> Admission {
+        Admission {
+            open_max,
+            rate: f64::from(rate),
+            burst: f64::from(burst.max(1)),
+            open: HashMap::new(),
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// Admits a connection from `origin` now, returning the counter that its
+    /// [`OriginSlot`] gives back, or why not.
+    pub fn admit(&mut self, origin: IpAddr, now: Instant) -> Result<OriginSlot, Refusal> {
+        let open = self.open.entry(origin).or_default().clone();
+        if open.load(Ordering::Acquire) >= self.open_max {
+            return Err(Refusal::OriginFull);
+        }
+        if self.rate > 0.0 {
+            if self.buckets.len() >= ADMISSION_ORIGINS_MAX {
+                let (rate, burst) = (self.rate, self.burst);
+                self.buckets.retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * rate < burst);
+            }
+            let b = self.buckets.entry(origin).or_insert(Bucket { tokens: self.burst, at: now });
+            b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * self.rate).min(self.burst);
+            b.at = now;
+            if b.tokens < 1.0 {
+                return Err(Refusal::OriginRate);
+            }
+            b.tokens -= 1.0;
+        }
+        if self.open.len() >= ADMISSION_ORIGINS_MAX {
+            self.open.retain(|_, n| n.load(Ordering::Acquire) > 0 || Arc::strong_count(n) > 1);
+        }
+        open.fetch_add(1, Ordering::AcqRel);
+        Ok(OriginSlot { open })
+    }
+}
+
+/// One connection's unit of its origin's open count.
+pub(crate) struct OriginSlot {
+    open: Arc<AtomicU32>,
+}
+
+impl Drop for OriginSlot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn origins_group_ipv6_by_64_and_unmap_ipv4() {
+        let a: SocketAddr = "[2001:db8:1:2:3:4:5:6]:1".parse().unwrap();
+        let b: SocketAddr = "[2001:db8:1:2:ffff::1]:2".parse().unwrap();
+        let c: SocketAddr = "[2001:db8:1:3::1]:2".parse().unwrap();
+        assert_eq!(origin_of(a), origin_of(b));
+        assert_ne!(origin_of(a), origin_of(c));
+        let m: SocketAddr = "[::ffff:127.0.0.2]:9".parse().unwrap();
+        assert_eq!(origin_of(m), "127.0.0.2".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn admission_caps_open_connections_and_rate_per_origin() {
+        let t0 = Instant::now();
+        let (x, y): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut adm = Admission::new(2, 10, 3);
+        let s1 = adm.admit(x, t0).unwrap();
+        let _s2 = adm.admit(x, t0).unwrap();
+        assert_eq!(adm.admit(x, t0).err(), Some(Refusal::OriginFull));
+        // Another origin is not affected.
+        let _y1 = adm.admit(y, t0).unwrap();
+        drop(s1);
+        // A slot is back, but the burst of 3 is spent (2 admitted + ... ).
+        let _s3 = adm.admit(x, t0).unwrap();
+        drop(_s3);
+        assert_eq!(adm.admit(x, t0).err(), Some(Refusal::OriginRate));
+        // 10 a second: one token after 100 ms.
+        let _s4 = adm.admit(x, t0 + Duration::from_millis(110)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn dispatch_alternates_between_origins_and_keeps_each_in_order() {
+        let fair: Arc<Fair<(u8, u32)>> = Arc::new(Fair::new(1 << 20));
+        let budget = Arc::new(Semaphore::new(1 << 20));
+        let (a, b) = (fair.lane("10.0.0.1".parse().unwrap()), fair.lane("10.0.0.2".parse().unwrap()));
+        let permit = |n| budget.clone().try_acquire_many_owned(n).unwrap();
+        // Origin a queues 4 turns' worth before b queues one.
+        for i in 0..(4 * TURN_ITEMS) as u32 {
+            fair.push(&a, Held { item: (0, i), permits: [permit(1), permit(1)] }).unwrap();
+        }
+        for i in 0..TURN_ITEMS as u32 {
+            fair.push(&b, Held { item: (1, i), permits: [permit(1), permit(1)] }).unwrap();
+        }
+        let (tx, mut rx) = mpsc::channel(1);
+        let f = fair.clone();
+        let task = tokio::spawn(async move { f.dispatch(tx).await });
+        let mut got = Vec::new();
+        for _ in 0..5 * TURN_ITEMS {
+            got.push(rx.recv().await.unwrap());
+        }
+        // b's whole queue is out by the end of the second turn.
+        let b_last = got.iter().rposition(|x| x.0 == 1).unwrap();
+        assert!(b_last < 2 * TURN_ITEMS, "b was served at {b_last}");
+        for origin in [0, 1] {
+            let seq: Vec<u32> = got.iter().filter(|x| x.0 == origin).map(|x| x.1).collect();
+            assert!(seq.windows(2).all(|w| w[0] + 1 == w[1]), "origin {origin} out of order");
+        }
+        // Once the channel is gone, the next item ends the dispatcher, and
+        // every reservation is handed back.
+        drop(rx);
+        fair.push(&a, Held { item: (0, 0), permits: [permit(1), permit(1)] }).unwrap();
+        task.await.unwrap();
+        assert_eq!(budget.available_permits(), 1 << 20);
+        assert!(fair.push(&a, Held { item: (0, 0), permits: [permit(1), permit(1)] }).is_err());
+    }
+}
