@@ -107,6 +107,88 @@ pub async fn read_content(recv: &mut RecvStream, len: u32) -> Result<Vec<u8>, Fr
 /// What `read_content` allocates before any content has arrived.
 pub const CONTENT_FIRST_ALLOC_BYTES: usize = 64 * 1024;
 
+/// A read buffer over one stream, for the server: frames are parsed out of
+/// chunks as quinn hands them over (one call per chunk, not two per frame),
+/// and their content is borrowed from the buffer rather than copied into an
+/// allocation of its own.
+///
+/// Memory: the buffer holds the frame being read plus at most
+/// [`LOOKAHEAD_BYTES`] of what follows it; after a large frame it shrinks.
+pub(crate) struct StreamBuf {
+    data: Vec<u8>,
+    pos: usize,
+}
+
+/// What one read may take beyond the bytes the current frame still needs.
+pub(crate) const LOOKAHEAD_BYTES: usize = 16 * 1024;
+
+impl StreamBuf {
+    pub fn new() -> StreamBuf {
+        StreamBuf { data: Vec::new(), pos: 0 }
+    }
+
+    fn avail(&self) -> usize {
+        self.data.len() - self.pos
+    }
+
+    /// Makes at least `n` bytes available. `Ok(false)` if the stream ended
+    /// first (the bytes available are then all there will be).
+    async fn fill(&mut self, recv: &mut RecvStream, n: usize) -> Result<bool, FrameError> {
+        while self.avail() < n {
+            if self.pos > 0 {
+                self.data.drain(..self.pos);
+                self.pos = 0;
+            }
+            let want = n - self.data.len() + LOOKAHEAD_BYTES;
+            match recv.read_chunk(want, true).await? {
+                Some(chunk) => self.data.extend_from_slice(&chunk.bytes),
+                None => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next length prefix, as [`read_length`] (`Ok(None)`: a clean end
+    /// between frames).
+    pub async fn length(&mut self, recv: &mut RecvStream, max_len: u32) -> Result<Option<u32>, FrameError> {
+        let prefix = FRAME_PREFIX_BYTES as usize;
+        if !self.fill(recv, prefix).await? {
+            return match self.avail() {
+                0 => Ok(None),
+                got => Err(FrameError::Truncated { expected: FRAME_PREFIX_BYTES, got: got as u32 }),
+            };
+        }
+        let len = u32::from_le_bytes(self.data[self.pos..self.pos + prefix].try_into().expect("4 bytes"));
+        if len > max_len {
+            return Err(FrameError::Oversize { len, max: max_len });
+        }
+        self.pos += prefix;
+        Ok(Some(len))
+    }
+
+    /// Waits until `len` bytes of content are in the buffer.
+    pub async fn content(&mut self, recv: &mut RecvStream, len: u32) -> Result<(), FrameError> {
+        if self.fill(recv, len as usize).await? {
+            Ok(())
+        } else {
+            Err(FrameError::Truncated { expected: len, got: self.avail() as u32 })
+        }
+    }
+
+    /// Takes the `len` bytes of content that [`StreamBuf::content`] waited
+    /// for, and gives back room a large frame took.
+    pub fn take(&mut self, len: u32, f: impl FnOnce(&[u8])) {
+        let end = self.pos + len as usize;
+        f(&self.data[self.pos..end]);
+        self.pos = end;
+        if self.data.capacity() > 4 * LOOKAHEAD_BYTES {
+            self.data.drain(..self.pos);
+            self.pos = 0;
+            self.data.shrink_to(2 * LOOKAHEAD_BYTES);
+        }
+    }
+}
+
 /// Reads one frame. `Ok(None)` on a clean end of stream between frames;
 /// `Ok(Some(vec![]))` for a zero-length frame (valid framing: what an empty
 /// content means is the decoder's business).

@@ -33,7 +33,7 @@ use tokio::task::{JoinError, JoinSet};
 
 use super::codes::{ERR_MALFORMED, ERR_SHUTDOWN, ERR_TIMEOUT};
 use super::fair::{origin_of, Admission, Fair, Held, Lane, OriginSlot, Refusal};
-use super::frame::{read_content, read_length, write_frame, FrameError, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES};
+use super::frame::{write_frame, FrameError, StreamBuf, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES};
 use super::tls::{self, TlsError};
 
 /// Frames queued on one [`Reply`] before `send` waits (`try_send` fails).
@@ -704,37 +704,36 @@ async fn read_stream<D: FrameDecoder>(mut recv: RecvStream, reply: Option<Reply>
     // Handles looked up once per stream, not once per frame.
     let frames_received = counter!(metric::FRAMES_RECEIVED);
     let bytes_received = counter!(metric::BYTES_RECEIVED);
+    let mut buf = StreamBuf::new();
     loop {
-        let len = match read_length(&mut recv, shared.frame_bytes_max).await {
+        let len = match buf.length(&mut recv, shared.frame_bytes_max).await {
             Ok(Some(len)) => len,
             Ok(None) => return, // the peer finished the stream between frames
             Err(e) => return end_on_error(&mut recv, e),
         };
         // Reserve the frame's bytes before reading them. Waiting here stops
         // reading, which pushes back on the peer like a full channel. The
-        // content is allocated as it arrives, so a frame announced but not
+        // content is buffered as it arrives, so a frame announced but not
         // sent holds a reservation, not memory.
         let permits = reserve(&ctx, len + FRAME_CHARGE_OVERHEAD_BYTES).await;
-        let content = match tokio::time::timeout(shared.frame_receive_timeout, read_content(&mut recv, len)).await {
-            Ok(Ok(content)) => content,
+        match tokio::time::timeout(shared.frame_receive_timeout, buf.content(&mut recv, len)).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => return end_on_error(&mut recv, e),
             Err(_elapsed) => {
                 counter!(metric::FRAMES_TIMED_OUT).increment(1);
                 let _ = recv.stop(VarInt::from_u32(ERR_TIMEOUT));
                 return;
             }
-        };
+        }
         frames_received.increment(1);
         bytes_received.increment(u64::from(FRAME_PREFIX_BYTES) + u64::from(len));
-        let item = match shared.decoder.decode(&content) {
-            Ok(item) => item,
-            Err(()) => {
-                counter!(metric::FRAMES_MALFORMED, "reason" => "decode").increment(1);
-                let _ = recv.stop(VarInt::from_u32(ERR_MALFORMED));
-                return;
-            }
+        let mut decoded = Err(());
+        buf.take(len, |content| decoded = shared.decoder.decode(content));
+        let Ok(item) = decoded else {
+            counter!(metric::FRAMES_MALFORMED, "reason" => "decode").increment(1);
+            let _ = recv.stop(VarInt::from_u32(ERR_MALFORMED));
+            return;
         };
-        drop(content);
         let inbound = Inbound { conn_id: ctx.conn_id, remote: ctx.remote, item, reply: reply.clone() };
         // The reservation stays held while queued: the item is (about) the
         // frame's size, and the queue is exactly where memory would pile up.

@@ -46,7 +46,7 @@ pub const KINDS: [&str; 7] = ["orphans", "garbage", "stall", "connections", "sub
 #[derive(clap::Args, Debug, Clone)]
 pub struct FloodArgs {
     /// Comma-separated kinds: orphans, garbage, stall, connections,
-    /// subscribers, sync; or `all` (all but stall).
+    /// subscribers, sync; or `all`.
     #[arg(long, default_value = "all")]
     pub kind: String,
     /// The test suite's sizes instead of the campaign's.
@@ -848,13 +848,22 @@ async fn connections_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
 /// node counted a lagged subscriber, and must find a `Lagged`.
 async fn subscribers_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
     let small = ServerConfig { stream_receive_window_bytes: 64 << 10, connection_receive_window_bytes: 128 << 10, ..ServerConfig::default() };
-    let ep = endpoint(&small)?;
     let n = ctx.sizes.subscribers;
     let quiet_n = (n / 4).max(1);
+    // Each on its own connection, so many that one origin would reach its
+    // connection cap (a quarter of --connections-max): spread over several
+    // loopback addresses, 32 a host, as many clients would be.
+    let eps: Vec<quinn::Endpoint> = (0..(n + quiet_n + 1).div_ceil(32))
+        .map(|h| {
+            let bind = SocketAddr::from(([127, 0, 1, 1 + h as u8], 0));
+            dagfold::net::client_endpoint(bind, &small).map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let ep = eps.last().expect("at least one").clone();
     let mut held = Vec::new();
     for i in 0..n + quiet_n {
         let scope = if i < n { ctx.valid_scope } else { ctx.quiet_scope };
-        let conn = connect(&ep, ctx.node).await?;
+        let conn = connect(&eps[i / 32], ctx.node).await?;
         let (mut w, r) = dagfold::net::open_bi(&conn).await.map_err(|e| e.to_string())?;
         w.write(&NodeMessage::Subscribe(Subscribe { scope, from_seq: 1 }).encode()).await.map_err(|e| e.to_string())?;
         held.push((conn, w, r));
