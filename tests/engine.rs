@@ -78,6 +78,9 @@ fn reversed_100k_chain_applies_in_one_cascade() {
         assert!(matches!(o, Outcome::NotYet(_) | Outcome::KeyIgnored | Outcome::KeyAccepted), "{o:?}");
     }
     assert_eq!(e.applied_total(), 0);
+    // What a sync asks peers for: only the one id nobody has sent, not the
+    // 100,000 ids that are waited on but buffered here.
+    assert_eq!(e.wanted(16), vec![w.messages[0].id]);
     let released_before = e.stats.cascade_released;
     assert_eq!(e.handle_frame(&w.messages[0].frame, 0), Outcome::Applied);
     assert_eq!(e.applied_total(), w.messages.iter().filter(|m| m.id != ZERO).count() as u64);
@@ -86,6 +89,7 @@ fn reversed_100k_chain_applies_in_one_cascade() {
     let released = e.stats.cascade_released - released_before;
     assert!((100_001..=2 * 100_001).contains(&released), "released {released}");
     assert_eq!(e.scope_root(&w.scope), Some(w.final_root));
+    assert_eq!(e.wanted(16), Vec::<Hash>::new());
 }
 
 #[test]

@@ -437,7 +437,12 @@ pub struct Engine {
     cfg: Config,
     identity: Identity,
     ops: IdMap<Hash, Entry>,
-    buffered: IdMap<Hash, Buffered>,
+    /// Boxed: a `Buffered` is a few hundred bytes, and a map of 100k of
+    /// them moved every entry at each growth.
+    buffered: IdMap<Hash, Box<Buffered>>,
+    /// Ids waited on that were not known when first waited on: a superset
+    /// of what `wanted` returns (see there).
+    maybe_wanted: IdSet<Hash>,
     /// Pending-by-parent: a missing id → the ops buffered on it.
     waiters: IdMap<Hash, Vec<Hash>>,
     /// key_id → the ops waiting for it.
@@ -479,6 +484,7 @@ impl Engine {
             identity,
             ops: IdMap::default(),
             buffered: IdMap::default(),
+            maybe_wanted: IdSet::default(),
             waiters: IdMap::default(),
             key_waiters: IdMap::default(),
             data_deadlines: BTreeMap::new(),
@@ -749,19 +755,19 @@ impl Engine {
         op: Op,
         bytes: Vec<u8>,
         id: Hash,
-        prior: Option<Buffered>,
+        prior: Option<Box<Buffered>>,
         pre: Option<&Prepared>,
         now_ms: u64,
     ) -> Outcome {
         let scope = self.scope_idx(&op.scope_of(&id));
         match self.judge(&op, scope, pre) {
             Judgement::Apply(payload) => {
-                self.forget_prior(&id, prior.as_ref());
+                self.forget_prior(&id, prior.as_deref());
                 self.apply(op, bytes, id, scope, payload);
                 Outcome::Applied
             }
             Judgement::Drop(reason) => {
-                self.forget_prior(&id, prior.as_ref());
+                self.forget_prior(&id, prior.as_deref());
                 self.drop_op(id, scope, reason);
                 Outcome::Dropped(reason)
             }
@@ -777,9 +783,10 @@ impl Engine {
                         self.put_buffered(id, b);
                     }
                     prior => {
-                        self.forget_prior(&id, prior.as_ref());
+                        self.forget_prior(&id, prior.as_deref());
                         for m in &missing {
                             self.waiters.entry(*m).or_default().push(id);
+                            self.note_waited(m);
                         }
                         self.buffer(op, bytes, id, scope, BufKind::Pending, missing, now_ms);
                     }
@@ -787,7 +794,7 @@ impl Engine {
                 Outcome::NotYet(BufKind::Pending)
             }
             Judgement::KeyWait => {
-                self.forget_prior(&id, prior.as_ref());
+                self.forget_prior(&id, prior.as_deref());
                 self.key_waiters.entry(op.key_id).or_default().push(id);
                 let kind = if op.plane == PLANE_GOVERNANCE { BufKind::KeyWait } else { BufKind::DataKeyWait };
                 self.buffer(op, bytes, id, scope, kind, Vec::new(), now_ms);
@@ -837,7 +844,7 @@ impl Engine {
             BufKind::KeyWait => self.stats.buffered_key_wait += 1,
             BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
         }
-        self.put_buffered(id, Buffered { op, bytes, scope, kind, seq, missing, deadline_ms, since_ms: now_ms });
+        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms, since_ms: now_ms }));
         self.enforce_bounds(scope);
     }
 
@@ -847,7 +854,7 @@ impl Engine {
         s
     }
 
-    fn put_buffered(&mut self, id: Hash, b: Buffered) {
+    fn put_buffered(&mut self, id: Hash, b: Box<Buffered>) {
         self.touched.push(b.scope);
         let s = &mut self.scopes[b.scope as usize];
         *s.count_mut(b.kind) += 1;
@@ -861,7 +868,7 @@ impl Engine {
 
     /// Removes a buffered op from the buffer indexes (not from `ops`, the
     /// waiter lists or the store).
-    fn take_buffered(&mut self, id: &Hash) -> Option<Buffered> {
+    fn take_buffered(&mut self, id: &Hash) -> Option<Box<Buffered>> {
         let b = self.buffered.remove(id)?;
         self.touched.push(b.scope);
         let s = &mut self.scopes[b.scope as usize];
@@ -1181,8 +1188,21 @@ impl Engine {
 
     /// Ids that buffered ops wait for and that are not known at all: what a
     /// sync should ask peers for. At most `max`.
-    pub fn wanted(&self, max: usize) -> Vec<Hash> {
-        self.waiters.keys().filter(|id| !self.ops.contains_key(*id)).take(max).copied().collect()
+    ///
+    /// Cost: the ids waited on that were unknown when first waited on (kept
+    /// in `maybe_wanted` and pruned here), not every id waited on: in a long
+    /// reversed chain nearly all of those are known, buffered themselves.
+    pub fn wanted(&mut self, max: usize) -> Vec<Hash> {
+        let (ops, waiters) = (&self.ops, &self.waiters);
+        self.maybe_wanted.retain(|id| !ops.contains_key(id) && waiters.contains_key(id));
+        self.maybe_wanted.iter().take(max).copied().collect()
+    }
+
+    /// Records that an op waits on `m`, for [`Engine::wanted`].
+    fn note_waited(&mut self, m: &Hash) {
+        if !self.ops.contains_key(m) {
+            self.maybe_wanted.insert(*m);
+        }
     }
 
     pub fn buffered_total(&self) -> (u64, u64) {
@@ -1420,6 +1440,7 @@ impl Engine {
                 missing = op.dependencies().filter(|d| e.applied(d).is_none()).copied().collect();
                 for m in &missing {
                     e.waiters.entry(*m).or_default().push(id);
+                    e.note_waited(m);
                 }
                 if missing.is_empty() {
                     e.work.push_back(id);
@@ -1430,7 +1451,7 @@ impl Engine {
                     e.work.push_back(id);
                 }
             }
-            e.put_buffered(id, Buffered { op, bytes, scope, kind, seq, missing, deadline_ms: 0, since_ms: now_ms });
+            e.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms: 0, since_ms: now_ms }));
         }
         // Ops whose dependency is a remembered drop go on to be dropped.
         let doomed: Vec<Hash> = e.waiters.keys().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();

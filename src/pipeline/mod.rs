@@ -346,6 +346,8 @@ fn orderer(
     let mut origins: HashMap<Hash, Origin> = HashMap::new();
     let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
     let mut last_status = Instant::now();
+    let mut last_wanted = Instant::now();
+    let mut wanted_stale = false;
     let mut last_received = Instant::now();
     let mut open = true;
     while open {
@@ -384,6 +386,16 @@ fn orderer(
         // changes the status.
         let want_status =
             !status_pending.is_empty() && (rx.is_empty() || last_status.elapsed() >= STATUS_INTERVAL);
+        // `wanted` scans the ids that buffered ops wait for: O(buffered).
+        // Syncs read it once a heartbeat (≥ 200 ms apart), so it is
+        // refreshed at most every WANTED_INTERVAL, from the idle ticks too;
+        // per commit, it made a long cascade quadratic.
+        wanted_stale |= !commit.is_empty() || !commit.applied.is_empty();
+        if wanted_stale && last_wanted.elapsed() >= WANTED_INTERVAL {
+            last_wanted = Instant::now();
+            wanted_stale = false;
+            *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
+        }
         if commit.is_empty() && commit.applied.is_empty() && !want_status {
             last_received = Instant::now();
             continue;
@@ -416,7 +428,7 @@ fn orderer(
         shared.buffered_bytes.store(bb, Ordering::Relaxed);
         gauge!("dagfold_buffered_ops").set(bo as f64);
         gauge!("dagfold_buffered_bytes").set(bb as f64);
-        *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
+
         publish_engine_stats(engine);
         for (stage, rx) in &probes {
             gauge!("dagfold_queue_batches", "stage" => *stage).set(rx.len() as f64);
@@ -433,6 +445,9 @@ fn orderer(
 /// durable state. Computing roots once per commit cost ~18 SHA-256 per
 /// changed cell at 40k cells; at most every 20 ms, ~12.
 const STATUS_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How stale the ids wanted from peers may get (see the orderer).
+const WANTED_INTERVAL: Duration = Duration::from_millis(100);
 
 fn handle_item(engine: &mut Engine, item: Item, shared: &Shared, origins: &mut HashMap<Hash, Origin>) {
     if shared.refusing.load(Ordering::Relaxed) {
@@ -490,7 +505,15 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &Shared, origins: &mut H
         Outcome::KeyAccepted => "key_accepted",
         Outcome::KeyIgnored => "key_ignored",
     };
-    counter!("dagfold_received_total", "verdict" => label).increment(1);
+    // One registry lookup per label, not per op (it hashes the key and its
+    // labels: 6% of the orderer in a long cascade).
+    thread_local! {
+        static VERDICTS: std::cell::RefCell<crate::core::IdMap<&'static str, metrics::Counter>> =
+            Default::default();
+    }
+    VERDICTS.with_borrow_mut(|v| {
+        v.entry(label).or_insert_with(|| counter!("dagfold_received_total", "verdict" => label)).increment(1)
+    });
 }
 
 fn publish_engine_stats(engine: &Engine) {
