@@ -105,6 +105,23 @@ struct Buffered {
     missing: Vec<Hash>,
     deadline_ms: u64,
     since_ms: u64,
+    /// What the pipeline's authorizer and decryptor found (a pending op:
+    /// they ran before its parents arrived), kept so that its release does
+    /// not decrypt it again on the engine's thread. The plaintext counts
+    /// against `PREPARED_BYTES_MAX`, not the buffer bounds.
+    pre: Option<Prepared>,
+}
+
+/// Plaintext of buffered ops kept from the pipeline's decryptor, all scopes
+/// together; beyond, a buffered op keeps only its authorization and is
+/// decrypted again when released.
+const PREPARED_BYTES_MAX: usize = 32 << 20;
+
+fn prepared_bytes(pre: &Option<Prepared>) -> usize {
+    match pre {
+        Some(Prepared { opened: Some(Some(p)), .. }) => p.len(),
+        _ => 0,
+    }
 }
 
 /// The column families of the store (one table each).
@@ -443,6 +460,8 @@ pub struct Engine {
     /// Ids waited on that were not known when first waited on: a superset
     /// of what `wanted` returns (see there).
     maybe_wanted: IdSet<Hash>,
+    /// Plaintext held in `buffered` entries' `pre` (see `PREPARED_BYTES_MAX`).
+    prepared_bytes_total: usize,
     /// Pending-by-parent: a missing id → the ops buffered on it.
     waiters: IdMap<Hash, Vec<Hash>>,
     /// key_id → the ops waiting for it.
@@ -485,6 +504,7 @@ impl Engine {
             ops: IdMap::default(),
             buffered: IdMap::default(),
             maybe_wanted: IdSet::default(),
+            prepared_bytes_total: 0,
             waiters: IdMap::default(),
             key_waiters: IdMap::default(),
             data_deadlines: BTreeMap::new(),
@@ -592,7 +612,7 @@ impl Engine {
             }
         }
         let id = v.id;
-        let outcome = self.evaluate(v.op, v.bytes, id, None, Some(&v.pre), now_ms);
+        let outcome = self.evaluate(v.op, v.bytes, id, None, Some(v.pre), now_ms);
         self.run_cascade(now_ms);
         outcome
     }
@@ -662,7 +682,9 @@ impl Engine {
     }
 
     /// SPEC §6 steps 2–4, in order; the first failing clause decides.
-    fn judge(&mut self, op: &Op, scope: u32, pre: Option<&Prepared>) -> Judgement {
+    /// Takes the plaintext out of `pre` once it is used (only an op that
+    /// gets that far is decrypted; a pending one keeps it).
+    fn judge(&mut self, op: &Op, scope: u32, pre: Option<&mut Prepared>) -> Judgement {
         if op.kind() == OpKind::Genesis {
             return match decode_gov_payload(&op.payload) {
                 Ok(p) if genesis_payload_ok(&p) => Judgement::Apply(Decrypted::Gov(op.payload.clone(), p)),
@@ -701,7 +723,7 @@ impl Engine {
             }
         }
         // Step 3: authorize at the cut.
-        let auth = match pre.and_then(|p| p.auth) {
+        let auth = match pre.as_ref().and_then(|p| p.auth) {
             Some(a) => a,
             None => authorize_at(&self.gov.state_at(op.cut_ids()), op),
         };
@@ -724,7 +746,7 @@ impl Engine {
             }
         }
         // Step 4: decrypt.
-        let opened = match pre.and_then(|p| p.opened.clone()) {
+        let opened = match pre.and_then(|p| p.opened.take()) {
             Some(opened) => opened,
             None => {
                 let Some(key) = self.keys.get(&op.key_id) else {
@@ -756,11 +778,11 @@ impl Engine {
         bytes: Vec<u8>,
         id: Hash,
         prior: Option<Box<Buffered>>,
-        pre: Option<&Prepared>,
+        mut pre: Option<Prepared>,
         now_ms: u64,
     ) -> Outcome {
         let scope = self.scope_idx(&op.scope_of(&id));
-        match self.judge(&op, scope, pre) {
+        match self.judge(&op, scope, pre.as_mut()) {
             Judgement::Apply(payload) => {
                 self.forget_prior(&id, prior.as_deref());
                 self.apply(op, bytes, id, scope, payload);
@@ -780,6 +802,7 @@ impl Engine {
                         b.missing = missing;
                         b.op = op;
                         b.bytes = bytes;
+                        b.pre = pre;
                         self.put_buffered(id, b);
                     }
                     prior => {
@@ -788,7 +811,7 @@ impl Engine {
                             self.waiters.entry(*m).or_default().push(id);
                             self.note_waited(m);
                         }
-                        self.buffer(op, bytes, id, scope, BufKind::Pending, missing, now_ms);
+                        self.buffer(op, bytes, id, scope, BufKind::Pending, missing, pre, now_ms);
                     }
                 }
                 Outcome::NotYet(BufKind::Pending)
@@ -797,7 +820,7 @@ impl Engine {
                 self.forget_prior(&id, prior.as_deref());
                 self.key_waiters.entry(op.key_id).or_default().push(id);
                 let kind = if op.plane == PLANE_GOVERNANCE { BufKind::KeyWait } else { BufKind::DataKeyWait };
-                self.buffer(op, bytes, id, scope, kind, Vec::new(), now_ms);
+                self.buffer(op, bytes, id, scope, kind, Vec::new(), None, now_ms);
                 Outcome::NotYet(kind)
             }
         }
@@ -820,7 +843,17 @@ impl Engine {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn buffer(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, kind: BufKind, missing: Vec<Hash>, now_ms: u64) {
+    fn buffer(
+        &mut self,
+        op: Op,
+        bytes: Vec<u8>,
+        id: Hash,
+        scope: u32,
+        kind: BufKind,
+        missing: Vec<Hash>,
+        pre: Option<Prepared>,
+        now_ms: u64,
+    ) {
         let seq = self.next_seq();
         let cf = match kind {
             BufKind::Pending => Some(Cf::Pending),
@@ -844,7 +877,7 @@ impl Engine {
             BufKind::KeyWait => self.stats.buffered_key_wait += 1,
             BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
         }
-        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms, since_ms: now_ms }));
+        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms, since_ms: now_ms, pre }));
         self.enforce_bounds(scope);
     }
 
@@ -854,7 +887,14 @@ impl Engine {
         s
     }
 
-    fn put_buffered(&mut self, id: Hash, b: Box<Buffered>) {
+    fn put_buffered(&mut self, id: Hash, mut b: Box<Buffered>) {
+        let kept = prepared_bytes(&b.pre);
+        if kept > 0 && self.prepared_bytes_total + kept > PREPARED_BYTES_MAX {
+            if let Some(p) = b.pre.as_mut() {
+                p.opened = None;
+            }
+        }
+        self.prepared_bytes_total += prepared_bytes(&b.pre);
         self.touched.push(b.scope);
         let s = &mut self.scopes[b.scope as usize];
         *s.count_mut(b.kind) += 1;
@@ -870,6 +910,7 @@ impl Engine {
     /// waiter lists or the store).
     fn take_buffered(&mut self, id: &Hash) -> Option<Box<Buffered>> {
         let b = self.buffered.remove(id)?;
+        self.prepared_bytes_total -= prepared_bytes(&b.pre);
         self.touched.push(b.scope);
         let s = &mut self.scopes[b.scope as usize];
         *s.count_mut(b.kind) -= 1;
@@ -1035,7 +1076,8 @@ impl Engine {
             let mut b = b;
             let op = std::mem::replace(&mut b.op, empty_op());
             let bytes = std::mem::take(&mut b.bytes);
-            self.evaluate(op, bytes, id, Some(b), None, now_ms);
+            let pre = b.pre.take();
+            self.evaluate(op, bytes, id, Some(b), pre, now_ms);
         }
     }
 
@@ -1451,7 +1493,10 @@ impl Engine {
                     e.work.push_back(id);
                 }
             }
-            e.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms: 0, since_ms: now_ms }));
+            e.put_buffered(
+                id,
+                Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None }),
+            );
         }
         // Ops whose dependency is a remembered drop go on to be dropped.
         let doomed: Vec<Hash> = e.waiters.keys().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
