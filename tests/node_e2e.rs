@@ -176,6 +176,43 @@ fn sigkilled_node_restarts_and_converges_with_its_peer() {
     }
 }
 
+/// A node restarted with ops pending on ids it never received, and nothing
+/// more coming in, asks its peer for those ids and catches up: nothing but
+/// its own list of wanted ids can start that sync (its heads are buffered,
+/// so known, and the peer does not gossip to it).
+#[test]
+fn a_restarted_node_asks_its_peer_for_what_its_pending_ops_wait_on() {
+    let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let n0 = start_node(d0.path(), &[]);
+    let w = workload_for(&n0, &WorkloadConfig { seed: 12, data_ops: 600, chain: true, writers: 1, ..Default::default() });
+    let all: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(n0.listen, &all, 1, 1);
+    let total = w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64;
+    assert!(wait_until(Duration::from_secs(30), || n0.scope(&w.scope).is_some_and(|s| s["applied"] == total)));
+
+    // Node 1, alone: everything but ten ops in the middle of the chain, so
+    // the rest of the chain is pending.
+    let mut n1 = start_node(d1.path(), &[]);
+    let keys = deliveries_for(&w, &[&n1]);
+    let first_data = w.messages.iter().position(|m| m.is_data);
+    let gap = first_data.expect("data ops") + 100;
+    let partial: Vec<Vec<u8>> = [keys, all[..gap].to_vec(), all[gap + 10..].to_vec()].concat();
+    send_frames(n1.listen, &partial, 1, 1);
+    assert!(wait_until(Duration::from_secs(30), || n1.scope(&w.scope).is_some_and(|s| s["pending"].as_u64() > Some(400))));
+    n1.stop();
+    // Restarted with node 0 as its peer, and sent nothing.
+    let n1 = NodeProc::start(
+        d1.path(),
+        n1.listen,
+        n1.admin,
+        &["--peer".into(), n0.listen.to_string(), "--heartbeat-ms".into(), "200".into()],
+    );
+    let ok = wait_until(Duration::from_secs(30), || {
+        n1.scope(&w.scope).is_some_and(|s| s["root"] == hex::encode(w.final_root) && s["applied"] == total)
+    });
+    assert!(ok, "did not catch up: {:?}", n1.scope(&w.scope));
+}
+
 #[test]
 fn subscriber_sees_every_event_once_across_reconnect_and_restart() {
     let dir = tempfile::tempdir().unwrap();
