@@ -259,36 +259,34 @@ fn verifier(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::VerifiedCa
     let skipped_total = counter!("dagfold_verify_known_copies_total");
     for mut batch in rx {
         let t = Instant::now();
-        let ops = || {
-            batch.items.iter().filter_map(|i| match &i.work {
-                Work::Op { id, op, .. } => Some((id, &op.signature)),
-                _ => None,
-            })
-        };
-        // Copies of ops verified before are valid as they are (verified.rs).
-        let known = cache.known_valid(ops());
-        let sigs: Vec<([u8; 32], [u8; 32], [u8; 64])> = batch
+        let ops: Vec<(&Hash, &Op)> = batch
             .items
             .iter()
             .filter_map(|i| match &i.work {
-                Work::Op { id, op, .. } => Some((op.author, *id, op.signature)),
+                Work::Op { id, op, .. } => Some((id, op)),
                 _ => None,
             })
+            .collect();
+        // Copies of ops verified before are valid as they are (verified.rs).
+        let known = cache.known_valid(ops.iter().map(|(id, op)| (*id, &op.signature)));
+        let sigs: Vec<([u8; 32], [u8; 32], [u8; 64])> = ops
+            .iter()
             .zip(&known)
             .filter(|(_, k)| !**k)
-            .map(|(s, _)| s)
+            .map(|((id, op), _)| (op.author, **id, op.signature))
             .collect();
-        let mut verdicts = crate::protocol::sig::verify_batch(&sigs).into_iter();
-        let mut k = known.iter();
+        let mut checked = crate::protocol::sig::verify_batch(&sigs).into_iter();
+        let valid: Vec<bool> = known.iter().map(|&k| k || checked.next().expect("one verdict per op checked")).collect();
+        cache.record(
+            ops.iter().zip(known.iter().zip(&valid)).filter(|(_, (k, v))| !**k && **v).map(|((id, op), _)| (*id, &op.signature)),
+        );
+        drop(ops);
+        let mut valid_of_op = valid.iter();
         for i in &mut batch.items {
             if matches!(i.work, Work::Op { .. }) {
-                i.valid = *k.next().expect("one per op") || verdicts.next().expect("one verdict per op checked");
+                i.valid = *valid_of_op.next().expect("one per op");
             }
         }
-        cache.record(batch.items.iter().filter(|i| i.valid).filter_map(|i| match &i.work {
-            Work::Op { id, op, .. } => Some((id, &op.signature)),
-            _ => None,
-        }));
         histogram!("dagfold_stage_seconds", "stage" => "verify").record(t.elapsed().as_secs_f64());
         verified_total.increment(sigs.len() as u64);
         skipped_total.increment((known.len() - sigs.len()) as u64);
