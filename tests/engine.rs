@@ -107,6 +107,9 @@ fn buffers_evict_oldest_first_and_count() {
         let kept = e.op_state(&m.id) != OpState::Unknown;
         assert_eq!(kept, i >= 40, "op {i}: the oldest are evicted");
     }
+    // The oldest kept op waits on an evicted one: a sync must ask for it.
+    assert!(e.wanted(64).contains(&data[39].id), "an evicted op waited on is wanted");
+    assert!(!e.wanted(64).contains(&data[40].id), "a buffered op is not");
     // An evicted op is judged afresh when delivered again.
     assert!(matches!(e.handle_frame(&data[0].frame, 0), Outcome::NotYet(_)));
 }

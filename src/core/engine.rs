@@ -660,7 +660,7 @@ impl Engine {
             }
             self.data_deadlines.remove(&(deadline, seq));
             if let Some(b) = self.take_buffered(&id) {
-                self.ops.remove(&id);
+                self.forget(&id);
                 self.unregister(&id, &b);
                 self.stats.key_timeouts += 1;
             }
@@ -966,7 +966,7 @@ impl Engine {
 
     fn evict(&mut self, id: &Hash) {
         let b = self.take_buffered(id).expect("evicting a buffered op");
-        self.ops.remove(id);
+        self.forget(id);
         self.unregister(id, &b);
         self.forget_prior(id, Some(&b));
         self.stats.evicted += 1;
@@ -985,7 +985,7 @@ impl Engine {
         while self.dropped_order.len() as u64 > self.cfg.dropped_remembered_max {
             let (_, old) = self.dropped_order.pop_front().expect("non-empty");
             if matches!(self.ops.get(&old), Some(Entry::Dropped { .. })) {
-                self.ops.remove(&old);
+                self.forget(&old);
                 self.out.writes.push(Write::Delete(Cf::Dropped, old.to_vec()));
             }
         }
@@ -1244,6 +1244,15 @@ impl Engine {
     fn note_waited(&mut self, m: &Hash) {
         if !self.ops.contains_key(m) {
             self.maybe_wanted.insert(*m);
+        }
+    }
+
+    /// Forgets an op (evicted, expired, or a drop no longer remembered): a
+    /// later copy is judged afresh. Ops still waiting on it now want it.
+    fn forget(&mut self, id: &Hash) {
+        self.ops.remove(id);
+        if self.waiters.contains_key(id) {
+            self.maybe_wanted.insert(*id);
         }
     }
 

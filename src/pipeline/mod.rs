@@ -407,10 +407,10 @@ fn orderer(
         // changes the status.
         let want_status =
             !status_pending.is_empty() && (rx.is_empty() || last_status.elapsed() >= STATUS_INTERVAL);
-        // `wanted` scans the ids that buffered ops wait for: O(buffered).
+        // The ids to ask peers for: `wanted` prunes the ids waited on that
+        // were unknown (up to one per buffered op under an orphan flood).
         // Syncs read it once a heartbeat (≥ 200 ms apart), so it is
-        // refreshed at most every WANTED_INTERVAL, from the idle ticks too;
-        // per commit, it made a long cascade quadratic.
+        // refreshed at most every WANTED_INTERVAL, idle ticks included.
         wanted_stale |= !commit.is_empty() || !commit.applied.is_empty() || want_status;
         if wanted_stale && last_wanted.elapsed() >= WANTED_INTERVAL {
             last_wanted = Instant::now();
@@ -449,7 +449,6 @@ fn orderer(
         shared.buffered_bytes.store(bb, Ordering::Relaxed);
         gauge!("dagfold_buffered_ops").set(bo as f64);
         gauge!("dagfold_buffered_bytes").set(bb as f64);
-
         publish_engine_stats(engine);
         for (stage, rx) in &probes {
             gauge!("dagfold_queue_batches", "stage" => *stage).set(rx.len() as f64);
