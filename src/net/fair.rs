@@ -8,6 +8,13 @@
 //! whatever its number of connections and streams; within an origin, items
 //! keep their arrival order, so one stream's frames stay in order.
 //!
+//! Turns can be weighted: the node tells [`OriginTurns`] how many items an
+//! origin gets per turn (by default [`TURN_ITEMS`]; fewer for an origin
+//! whose recent frames came to nothing, see `pipeline`), so under
+//! contention a host sending useful work gets more of the node than one
+//! flooding it with ops that are evicted or dropped. An origin alone is
+//! never slowed: turns only matter when several have work waiting.
+//!
 //! Memory: every queued item holds its frame's reservation of the byte
 //! budgets (its origin's and the global one), so the queues are bounded by bytes,
 //! not by trust in the sender; the reservation is released when the item
@@ -69,8 +76,46 @@ struct LaneQueue<T> {
     scheduled: bool,
 }
 
+/// Items per turn, per origin, as the node last set them; origins not
+/// listed get [`TURN_ITEMS`]. Bounded: beyond [`ADMISSION_ORIGINS_MAX`]
+/// entries, the origins back at the default are forgotten, then any.
+#[derive(Default)]
+pub struct OriginTurns {
+    turns: Mutex<HashMap<IpAddr, u8>>,
+}
+
+impl std::fmt::Debug for OriginTurns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OriginTurns({} set)", self.turns.lock().unwrap().len())
+    }
+}
+
+/// The fewest items an origin gets per turn.
+pub const TURN_ITEMS_MIN: usize = 2;
+
+impl OriginTurns {
+    /// Sets `origin`'s turn, clamped to `TURN_ITEMS_MIN..=TURN_ITEMS`.
+    pub fn set(&self, origin: IpAddr, items: usize) {
+        let items = items.clamp(TURN_ITEMS_MIN, TURN_ITEMS) as u8;
+        let mut t = self.turns.lock().unwrap();
+        if items as usize == TURN_ITEMS {
+            t.remove(&origin);
+            return;
+        }
+        if t.len() >= ADMISSION_ORIGINS_MAX && !t.contains_key(&origin) {
+            t.clear();
+        }
+        t.insert(origin, items);
+    }
+
+    pub fn get(&self, origin: &IpAddr) -> usize {
+        self.turns.lock().unwrap().get(origin).map_or(TURN_ITEMS, |&n| n as usize)
+    }
+}
+
 /// One origin's queue and its share of the byte budget.
 pub(crate) struct Lane<T> {
+    origin: IpAddr,
     /// The origin's share of the frame byte budget.
     pub bytes: Arc<Semaphore>,
     queue: Mutex<LaneQueue<T>>,
@@ -83,6 +128,7 @@ pub(crate) struct Fair<T> {
     wake: Notify,
     closed: AtomicBool,
     origin_bytes_max: usize,
+    turns: Arc<OriginTurns>,
 }
 
 /// The node's channel is gone: it takes nothing more.
@@ -90,13 +136,14 @@ pub(crate) struct Fair<T> {
 pub(crate) struct Closed;
 
 impl<T: Send + 'static> Fair<T> {
-    pub fn new(origin_bytes_max: usize) -> Fair<T> {
+    pub fn new(origin_bytes_max: usize, turns: Arc<OriginTurns>) -> Fair<T> {
         Fair {
             lanes: Mutex::new(HashMap::new()),
             ready: Mutex::new(VecDeque::new()),
             wake: Notify::new(),
             closed: AtomicBool::new(false),
             origin_bytes_max,
+            turns,
         }
     }
 
@@ -112,6 +159,7 @@ impl<T: Send + 'static> Fair<T> {
             lanes.retain(|_, w| w.strong_count() > 0);
         }
         let lane = Arc::new(Lane {
+            origin,
             bytes: Arc::new(Semaphore::new(self.origin_bytes_max)),
             queue: Mutex::new(LaneQueue { items: VecDeque::new(), scheduled: false }),
         });
@@ -153,9 +201,10 @@ impl<T: Send + 'static> Fair<T> {
                 }
                 self.wake.notified().await;
             };
+            let turn_items = self.turns.get(&lane.origin);
             let again = {
                 let mut q = lane.queue.lock().unwrap();
-                let n = q.items.len().min(TURN_ITEMS);
+                let n = q.items.len().min(turn_items);
                 turn.extend(q.items.drain(..n));
                 q.scheduled = !q.items.is_empty();
                 q.scheduled
@@ -309,8 +358,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_smaller_turn_gives_an_origin_a_smaller_share_under_contention() {
+        let turns: Arc<OriginTurns> = Default::default();
+        let (x, y): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        turns.set(x, 4);
+        assert_eq!((turns.get(&x), turns.get(&y)), (4, TURN_ITEMS));
+        let fair: Arc<Fair<u8>> = Arc::new(Fair::new(1 << 20, turns));
+        let budget = Arc::new(Semaphore::new(1 << 20));
+        let (a, b) = (fair.lane(x), fair.lane(y));
+        for _ in 0..10 * TURN_ITEMS {
+            for (lane, tag) in [(&a, 0u8), (&b, 1u8)] {
+                let permits = [budget.clone().try_acquire_many_owned(1).unwrap(), budget.clone().try_acquire_many_owned(1).unwrap()];
+                fair.push(lane, Held { item: tag, permits }).unwrap();
+            }
+        }
+        let (tx, mut rx) = mpsc::channel(1);
+        let f = fair.clone();
+        tokio::spawn(async move { f.dispatch(tx).await });
+        let mut from_x = 0;
+        for _ in 0..4 * (TURN_ITEMS + 4) {
+            from_x += usize::from(rx.recv().await.unwrap() == 0);
+        }
+        // Four rotations: 4 items of x's and TURN_ITEMS of y's each.
+        assert_eq!(from_x, 16);
+    }
+
+    #[tokio::test]
     async fn dispatch_alternates_between_origins_and_keeps_each_in_order() {
-        let fair: Arc<Fair<(u8, u32)>> = Arc::new(Fair::new(1 << 20));
+        let fair: Arc<Fair<(u8, u32)>> = Arc::new(Fair::new(1 << 20, Default::default()));
         let budget = Arc::new(Semaphore::new(1 << 20));
         let (a, b) = (fair.lane("10.0.0.1".parse().unwrap()), fair.lane("10.0.0.2".parse().unwrap()));
         let permit = |n| budget.clone().try_acquire_many_owned(n).unwrap();

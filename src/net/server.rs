@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 
 use super::codes::{ERR_MALFORMED, ERR_SHUTDOWN, ERR_TIMEOUT};
-use super::fair::{origin_of, Admission, Fair, Held, Lane, OriginSlot, Refusal};
+use super::fair::{origin_of, Admission, Fair, Held, Lane, OriginSlot, OriginTurns, Refusal};
 use super::frame::{write_frame, FrameError, StreamBuf, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES};
 use super::tls::{self, TlsError};
 
@@ -506,14 +506,27 @@ pub async fn run_server<D: FrameDecoder>(
     cfg: ServerConfig,
     decoder: Arc<D>,
     items: mpsc::Sender<Inbound<D::Item>>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), ConfigError> {
+    run_server_with_turns(endpoint, cfg, decoder, items, shutdown, Default::default()).await
+}
+
+/// [`run_server`], with each origin's items per turn taken from `turns`,
+/// which the node updates as it learns what an origin's frames are worth.
+pub async fn run_server_with_turns<D: FrameDecoder>(
+    endpoint: Endpoint,
+    cfg: ServerConfig,
+    decoder: Arc<D>,
+    items: mpsc::Sender<Inbound<D::Item>>,
     mut shutdown: watch::Receiver<bool>,
+    turns: Arc<OriginTurns>,
 ) -> Result<(), ConfigError> {
     cfg.validate()?;
     describe_metrics();
     // All validated to fit a semaphore.
     let shared = Arc::new(Shared {
         decoder,
-        fair: Fair::new(cfg.origin_frames_buffered_bytes_max as usize),
+        fair: Fair::new(cfg.origin_frames_buffered_bytes_max as usize, turns),
         frame_bytes_budget: Arc::new(Semaphore::new(cfg.frames_buffered_bytes_max as usize)),
         frame_bytes_max: cfg.frame_bytes_max,
         frame_receive_timeout: Duration::from_millis(u64::from(cfg.frame_receive_timeout_ms)),

@@ -121,6 +121,9 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     });
     let mut pipe_cfg = cfg.pipeline.clone();
     pipe_cfg.applied_bytes = !cfg.peers.is_empty();
+    // The orderer weighs each host's turn in the server's fair ingest.
+    let origin_turns = Arc::new(crate::net::fair::OriginTurns::default());
+    pipe_cfg.origin_turns = Some(origin_turns.clone());
     let pipe = Pipeline::start(pipe_cfg, engine, store, ingest_rx, on_durable);
     let shared = Arc::new(NodeShared {
         identity_json: serde_json::json!({
@@ -158,12 +161,13 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
             })
         );
         let (items_tx, items_rx) = mpsc::channel(INGEST_QUEUE_ITEMS);
-        let server = tokio::spawn(crate::net::run_server(
+        let server = tokio::spawn(crate::net::server::run_server_with_turns(
             endpoint.clone(),
             net_cfg,
             Arc::new(NodeDecoder),
             items_tx,
             shutdown_rx.clone(),
+            origin_turns,
         ));
         let admin = tokio::spawn(crate::admin::serve_admin(
             admin_listener,

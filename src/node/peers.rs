@@ -202,7 +202,9 @@ async fn sync_once(
         match crate::core::decode_frame(&frame) {
             Ok(crate::core::Decoded::Op { id, op, bytes }) => {
                 received += 1;
-                if shared.ingest.send(Work::Op { id, op, bytes, origin }).await.is_err() {
+                // A reply to our own request: not weighed (it does not go
+                // through the server's ingest).
+                if shared.ingest.send(Work::Op { id, op, bytes, origin, host: None }).await.is_err() {
                     break;
                 }
             }

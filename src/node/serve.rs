@@ -54,7 +54,8 @@ pub async fn dispatch_inbound(shared: Arc<NodeShared>, mut items: mpsc::Receiver
         match inb.item {
             Incoming::Core(Decoded::Op { id, op, bytes }) => {
                 let origin = origin_of(&shared, &inb.remote);
-                if shared.ingest.send(Work::Op { id, op, bytes, origin }).await.is_err() {
+                let host = Some(crate::net::fair::origin_of(inb.remote));
+                if shared.ingest.send(Work::Op { id, op, bytes, origin, host }).await.is_err() {
                     return;
                 }
             }

@@ -45,7 +45,9 @@ pub type Origin = u64;
 /// One message for the pipeline, decoded by the transport.
 #[derive(Debug)]
 pub enum Work {
-    Op { id: Hash, op: Op, bytes: Vec<u8>, origin: Origin },
+    /// `host`: the origin (`net::fair::origin_of`) it came in from over
+    /// the server, whose turn the node weighs by what its ops come to.
+    Op { id: Hash, op: Op, bytes: Vec<u8>, origin: Origin, host: Option<std::net::IpAddr> },
     Key(KeyDelivery),
     /// A frame that did not decode (already counted by the transport); it
     /// is passed on so that the engine's counts match `import`'s.
@@ -87,6 +89,9 @@ pub struct PipelineConfig {
     /// Hand the encodings of applied ops to `on_durable` (for gossip); off
     /// when the node has no peers, which saves a copy of every op.
     pub applied_bytes: bool,
+    /// Where the orderer sets each host's items per turn in the server's
+    /// fair ingest (see `host_turn`); none outside the node.
+    pub origin_turns: Option<Arc<crate::net::fair::OriginTurns>>,
 }
 
 impl Default for PipelineConfig {
@@ -99,6 +104,7 @@ impl Default for PipelineConfig {
             sync: true,
             tick_ms: 100,
             applied_bytes: true,
+            origin_turns: None,
         }
     }
 }
@@ -212,10 +218,12 @@ impl Pipeline {
         let sh = shared.clone();
         let commit_ops_max = cfg.commit_ops_max;
         let tick_ms = cfg.tick_ms;
+        let turns = cfg.origin_turns.clone();
         threads.push(spawn(
             "dagfold-orderer",
             Box::new(move || {
-                orderer(&mut engine, order_rx, commit_tx, sh, gov_replica, keyring, commit_ops_max, tick_ms, probes)
+                let o = OrdererIo { gov: gov_replica, keyring, probes, turns };
+                orderer(&mut engine, order_rx, commit_tx, sh, o, commit_ops_max, tick_ms)
             }),
         ));
         let sh = shared.clone();
@@ -351,17 +359,46 @@ fn decryptor(rx: Receiver<Batch>, tx: Sender<Batch>, keyring: Arc<RwLock<HashMap
 }
 
 #[allow(clippy::too_many_arguments)]
+/// What the orderer updates beside the engine: the stages' replicas, the
+/// queue probes for metrics, and the server's turns per host.
+struct OrdererIo {
+    gov: Arc<RwLock<Governance>>,
+    keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
+    probes: Vec<(&'static str, Receiver<Batch>)>,
+    turns: Option<Arc<crate::net::fair::OriginTurns>>,
+}
+
+/// What a host's ops came to, recently: the share of them applied (or
+/// waiting for their key), as a moving average over commits, starting at
+/// 1. Its turn in the server's fair ingest shrinks with it, so that under
+/// contention a host whose ops are pending for ever, evicted, dropped or
+/// duplicates gets less of the node than one whose ops apply. It only
+/// matters when several hosts have work waiting: a host alone keeps the
+/// whole node, whatever its score.
+fn host_turn(score: f32) -> usize {
+    let span = (crate::net::fair::TURN_ITEMS - crate::net::fair::TURN_ITEMS_MIN) as f32;
+    crate::net::fair::TURN_ITEMS_MIN + (span * score.clamp(0.0, 1.0)).round() as usize
+}
+
+/// Weight of one commit's share in a host's score.
+const HOST_SCORE_ALPHA: f32 = 0.2;
+
+/// Hosts scored at once; beyond, those back near 1 (the default) are
+/// forgotten first.
+const HOSTS_SCORED_MAX: usize = 4096;
+
 fn orderer(
     engine: &mut Engine,
     rx: Receiver<Batch>,
     commit_tx: Sender<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>,
     shared: Arc<Shared>,
-    gov: Arc<RwLock<Governance>>,
-    keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
+    io: OrdererIo,
     commit_ops_max: usize,
     tick_ms: u64,
-    probes: Vec<(&'static str, Receiver<Batch>)>,
 ) {
+    let OrdererIo { gov, keyring, probes, turns } = io;
+    let mut hosts: HashMap<std::net::IpAddr, (u32, u32)> = HashMap::new();
+    let mut scores: HashMap<std::net::IpAddr, f32> = HashMap::new();
     let mut origins: HashMap<Hash, Origin> = HashMap::new();
     let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
     let mut last_status = Instant::now();
@@ -384,7 +421,7 @@ fn orderer(
                     last_received = last_received.min(batch.received);
                     ops_in_commit += batch.items.len();
                     for item in batch.items {
-                        handle_item(engine, item, &shared, &mut origins);
+                        handle_item(engine, item, &shared, &mut origins, &mut hosts);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -399,6 +436,21 @@ fn orderer(
         }
         engine.handle_tick(now_ms());
         let commit = engine.take_commit();
+        if let Some(turns) = &turns {
+            for (h, (useful, total)) in hosts.drain() {
+                let s = scores.entry(h).or_insert(1.0);
+                *s += HOST_SCORE_ALPHA * (useful as f32 / total as f32 - *s);
+                turns.set(h, host_turn(*s));
+            }
+            if scores.len() > HOSTS_SCORED_MAX {
+                scores.retain(|_, s| *s < 0.95);
+                if scores.len() > HOSTS_SCORED_MAX {
+                    scores.clear();
+                }
+            }
+        } else {
+            hosts.clear();
+        }
         status_pending.extend(engine.take_touched_scopes());
         // Statuses (and so the scope roots) are computed when the input is
         // drained, and under load at most every STATUS_INTERVAL: the root
@@ -469,7 +521,13 @@ const STATUS_INTERVAL: Duration = Duration::from_millis(20);
 /// How stale the ids wanted from peers may get (see the orderer).
 const WANTED_INTERVAL: Duration = Duration::from_millis(100);
 
-fn handle_item(engine: &mut Engine, item: Item, shared: &Shared, origins: &mut HashMap<Hash, Origin>) {
+fn handle_item(
+    engine: &mut Engine,
+    item: Item,
+    shared: &Shared,
+    origins: &mut HashMap<Hash, Origin>,
+    hosts: &mut HashMap<std::net::IpAddr, (u32, u32)>,
+) {
     if shared.refusing.load(Ordering::Relaxed) {
         counter!("dagfold_refused_while_failed_total").increment(1);
         return;
@@ -481,10 +539,19 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &Shared, origins: &mut H
             engine.stats.frames += 1;
             engine.handle_key(&kd, now)
         }
-        Work::Op { id, op, bytes, origin } => {
+        Work::Op { id, op, bytes, origin, host } => {
             let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
             if origin != 0 {
                 origins.insert(id, origin);
+            }
+            if let Some(h) = host {
+                let useful = matches!(
+                    outcome,
+                    Outcome::Applied | Outcome::NotYet(crate::core::BufKind::KeyWait | crate::core::BufKind::DataKeyWait)
+                );
+                let e = hosts.entry(h).or_default();
+                e.0 += u32::from(useful);
+                e.1 += 1;
             }
             outcome
         }
