@@ -78,8 +78,9 @@ enum Cmd {
     },
 }
 
+/// Where the node is, and where to send from.
 #[derive(clap::Args, Clone)]
-struct RunArgs {
+struct NodeAddrs {
     /// The node's QUIC address.
     #[arg(long, default_value = "127.0.0.1:7400")]
     node: SocketAddr,
@@ -90,6 +91,12 @@ struct RunArgs {
     /// The node's HTTP status address.
     #[arg(long, default_value = "127.0.0.1:7401")]
     admin: SocketAddr,
+}
+
+#[derive(clap::Args, Clone)]
+struct RunArgs {
+    #[command(flatten)]
+    to: NodeAddrs,
     #[arg(long, default_value_t = 4)]
     writers: usize,
     /// Data ops to send.
@@ -147,16 +154,8 @@ struct RunArgs {
 
 #[derive(clap::Args, Clone)]
 struct SendArgs {
-    /// The node's QUIC address.
-    #[arg(long, default_value = "127.0.0.1:7400")]
-    node: SocketAddr,
-    /// The local address to send from (the node treats each address as
-    /// one origin, served in turn with the others).
-    #[arg(long, default_value = "127.0.0.1:0")]
-    bind: SocketAddr,
-    /// The node's HTTP status address.
-    #[arg(long, default_value = "127.0.0.1:7401")]
-    admin: SocketAddr,
+    #[command(flatten)]
+    to: NodeAddrs,
     /// The frames file.
     #[arg(long)]
     file: PathBuf,
@@ -316,8 +315,8 @@ fn invalid_ops(w: &dagfold::workload::Workload, n: usize, seed: u64) -> Vec<Vec<
 }
 
 fn run(a: RunArgs) -> Result<serde_json::Value, String> {
-    let (code, body) = dagfold::admin::http_get(a.admin, "/v1/identity", Duration::from_secs(5))
-        .map_err(|e| format!("cannot reach the node's status at {}: {e}", a.admin))?;
+    let (code, body) = dagfold::admin::http_get(a.to.admin, "/v1/identity", Duration::from_secs(5))
+        .map_err(|e| format!("cannot reach the node's status at {}: {e}", a.to.admin))?;
     if code != 200 {
         return Err(format!("/v1/identity answered {code}"));
     }
@@ -370,12 +369,12 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
     let t0 = Instant::now();
     let result = rt.block_on(async {
         let ncfg = dagfold::net::ServerConfig::default();
-        let endpoint = dagfold::net::client_endpoint(a.bind, &ncfg).map_err(|e| e.to_string())?;
-        let first = dagfold::net::connect(&endpoint, a.node).await.map_err(|e| e.to_string())?;
+        let endpoint = dagfold::net::client_endpoint(a.to.bind, &ncfg).map_err(|e| e.to_string())?;
+        let first = dagfold::net::connect(&endpoint, a.to.node).await.map_err(|e| e.to_string())?;
         dagfold::net::send_frames_uni(&first, &prefix).await.map_err(|e| e.to_string())?;
         let mut conns = vec![first];
         for _ in 1..a.connections.max(1) {
-            conns.push(dagfold::net::connect(&endpoint, a.node).await.map_err(|e| e.to_string())?);
+            conns.push(dagfold::net::connect(&endpoint, a.to.node).await.map_err(|e| e.to_string())?);
         }
         let data = Arc::new(data);
         let mut tasks = Vec::new();
@@ -441,7 +440,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         let mut rss_series: Vec<u64> = Vec::new();
         let base = prefix.iter().filter(|f| f.first() == Some(&MESSAGE_OP)).count() as u64;
         let final_status = loop {
-            let st = tokio::task::block_in_place(|| status(a.admin, &w.scope));
+            let st = tokio::task::block_in_place(|| status(a.to.admin, &w.scope));
             let applied = st.as_ref().and_then(|s| s["applied"].as_u64()).unwrap_or(0);
             samples.push((t0.elapsed().as_micros() as u64, applied.saturating_sub(base)));
             if let Some(pid) = a.node_pid {
@@ -684,7 +683,7 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
     let file = Arc::new(file);
     rt.block_on(async {
         let ncfg = dagfold::net::ServerConfig::default();
-        let endpoint = dagfold::net::client_endpoint(a.bind, &ncfg).map_err(|e| e.to_string())?;
+        let endpoint = dagfold::net::client_endpoint(a.to.bind, &ncfg).map_err(|e| e.to_string())?;
         loop {
             if Instant::now() > deadline {
                 return Err(format!(
@@ -692,7 +691,7 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
                 ));
             }
             let st = match target {
-                Some((s, _)) => tokio::task::block_in_place(|| status(a.admin, &s)),
+                Some((s, _)) => tokio::task::block_in_place(|| status(a.to.admin, &s)),
                 None => None,
             };
             if done(&st) {
@@ -709,7 +708,7 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
                 let file = file.clone();
                 let sent = sent.clone();
                 let endpoint = endpoint.clone();
-                let (node, rate, streams) = (a.node, a.rate, a.streams.max(1));
+                let (node, rate, streams) = (a.to.node, a.rate, a.streams.max(1));
                 async move {
                     let conn = dagfold::net::connect(&endpoint, node).await.map_err(|e| e.to_string())?;
                     dagfold::net::send_frames_uni(&conn, &file.prefix).await.map_err(|e| e.to_string())?;
@@ -769,7 +768,7 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
             let mut last_applied = None;
             let mut last_change = Instant::now();
             loop {
-                let st = tokio::task::block_in_place(|| status(a.admin, &s));
+                let st = tokio::task::block_in_place(|| status(a.to.admin, &s));
                 if done(&st) {
                     final_status = st;
                     return Ok(());
