@@ -450,6 +450,19 @@ async fn origins_are_served_in_turn_not_first_come_first_served() {
     server.stop().await;
 }
 
+/// Connects, retrying while the server still refuses: a closed
+/// connection's slot comes back once the server has seen the close.
+async fn connect_once_freed(endpoint: &Endpoint, addr: SocketAddr) -> Connection {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(Ok(conn)) = timeout(WAIT, connect(endpoint, addr)).await {
+            return conn;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn refused_total(why: &str) -> u64 {
     counter_value(&metrics().render(), &format!("dagfold_net_connections_refused_total{{reason=\"{why}\"}}"))
 }
@@ -471,14 +484,7 @@ async fn an_origin_is_refused_beyond_its_open_connections() {
     assert_eq!(server.next().await.item, good(b"other"));
     // Once one closes, its slot is back.
     a.close(VarInt::from_u32(0), b"done");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Ok(Ok(_conn)) = timeout(WAIT, connect(&third, server.addr)).await {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    connect_once_freed(&third, server.addr).await;
     server.stop().await;
 }
 
@@ -516,14 +522,7 @@ async fn connections_beyond_the_limit_are_refused() {
     // Once the first closes, its slot is free again.
     first.close(VarInt::from_u32(0), b"done");
     drop(first_endpoint);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let conn = loop {
-        if let Ok(Ok(conn)) = timeout(WAIT, connect(&second, server.addr)).await {
-            break conn;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the slot was never freed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let conn = connect_once_freed(&second, server.addr).await;
     send_frames_uni(&conn, [good(b"third")]).await.expect("works after the slot is freed");
     assert_eq!(server.next().await.item, good(b"third"));
     server.stop().await;

@@ -1,17 +1,22 @@
 //! The accept side of the QUIC transport: connections, streams, frames, and
-//! the hand-off of decoded items to the node through one bounded channel.
+//! the hand-off of decoded items to the node through one bounded channel,
+//! fed fairly from one queue per origin (`fair`).
 //!
 //! Tasks: one accept loop; one task per connection; one task per stream that
-//! reads, decodes and forwards frames; one writer task per bidirectional
-//! stream that drains its [`Reply`] queue. Decoding runs in the stream task,
-//! so its cost spreads over the tokio workers.
+//! reads, decodes and queues frames on its origin's lane; one dispatcher that
+//! hands the lanes' items to the node's channel in turn; one writer task per
+//! bidirectional stream that drains its [`Reply`] queue. Decoding runs in the
+//! stream task, so its cost spreads over the tokio workers.
 //!
-//! Backpressure: a stream task `send().await`s each item into the node's
-//! channel. While the channel is full it stops reading, quinn stops extending
-//! flow-control credit, and the peer's writes block. What the node holds is
-//! therefore bounded by (see [`ServerConfig`]):
+//! Backpressure: a stream task reserves each frame's bytes (its origin's
+//! share, then the global budget) before reading it, and the reservation is
+//! held until the dispatcher has put the item into the node's channel. While
+//! the channel is full the budgets fill, stream tasks stop reading, quinn
+//! stops extending flow-control credit, and the peers' writes block. What the
+//! node holds is therefore bounded by (see [`ServerConfig`]):
 //! - quinn's buffers: `connections_max × connection_receive_window_bytes`;
-//! - frames between quinn and the channel: `frames_buffered_bytes_max`;
+//! - frames between quinn and the channel, queued ones included:
+//!   `frames_buffered_bytes_max`, of which one origin `origin_frames_buffered_bytes_max`;
 //! - the channel: its capacity, the node's choice.
 //!
 //! A peer's fault (a frame over the limit, a truncated frame, a frame that

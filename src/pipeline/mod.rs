@@ -397,8 +397,8 @@ fn orderer(
     tick_ms: u64,
 ) {
     let OrdererIo { gov, keyring, probes, turns } = io;
-    let mut hosts: HashMap<std::net::IpAddr, (u32, u32)> = HashMap::new();
-    let mut scores: HashMap<std::net::IpAddr, f32> = HashMap::new();
+    let mut hosts: crate::core::IdMap<std::net::IpAddr, (u32, u32)> = Default::default();
+    let mut scores: crate::core::IdMap<std::net::IpAddr, f32> = Default::default();
     let mut origins: HashMap<Hash, Origin> = HashMap::new();
     let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
     let mut last_status = Instant::now();
@@ -526,7 +526,7 @@ fn handle_item(
     item: Item,
     shared: &Shared,
     origins: &mut HashMap<Hash, Origin>,
-    hosts: &mut HashMap<std::net::IpAddr, (u32, u32)>,
+    hosts: &mut crate::core::IdMap<std::net::IpAddr, (u32, u32)>,
 ) {
     if shared.refusing.load(Ordering::Relaxed) {
         counter!("dagfold_refused_while_failed_total").increment(1);
