@@ -41,6 +41,16 @@ impl RocksStore {
                 // families measured no better (`tools/bench reversed`: 16.7k
                 // ops/s without, 19.7k with; noisy) and stores more bytes.
                 o.set_compression_type(rocksdb::DBCompressionType::Lz4);
+                // Column families read only by the scan at open get vector
+                // memtables: an insert is an append, sorted once at flush,
+                // instead of a skip-list search per key (FindSpliceForLevel
+                // and the memcmp of the shared 32-byte scope prefix were half
+                // of the committer's time). A point read or iterator on a
+                // mutable vector memtable would sort it, so ops (sync reads),
+                // events (subscriptions) and meta (identity) keep the skip list.
+                if !matches!(cf, Cf::Ops | Cf::Events | Cf::Meta) {
+                    o.set_memtable_factory(rocksdb::MemtableFactory::Vector);
+                }
                 ColumnFamilyDescriptor::new(cf.name(), o)
             })
             .collect();

@@ -10,6 +10,11 @@
 //! lost connection (from the first op the node's heads do not cover) until
 //! the node shows the expected root (the crash campaign's load).
 
+
+// The same allocator as the node (src/bin/dagfold.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
