@@ -18,11 +18,13 @@ impl<S: Store> Durable<S> {
     /// engine from it.
     pub fn open(mut store: S, cfg: Config, now_ms: u64) -> Result<Self, StoreError> {
         let identity = load_or_create_identity(&mut store)?;
-        let mut engine = Engine::restore(cfg, identity, &store, now_ms);
+        let cold = store.cold_reader();
+        let mut engine = Engine::restore(cfg, identity, &store, cold, now_ms);
         let commit = engine.take_commit();
         if !commit.writes.is_empty() {
             store.write(&commit.writes, true)?;
         }
+        engine.note_durable(commit.number);
         Ok(Durable { engine, store, sync: true })
     }
 
@@ -63,6 +65,7 @@ impl<S: Store> Durable<S> {
         if !commit.writes.is_empty() {
             self.store.write(&commit.writes, self.sync)?;
         }
+        self.engine.note_durable(commit.number);
         Ok(commit.events)
     }
 

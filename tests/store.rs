@@ -325,3 +325,67 @@ fn event_log_reads_from_any_sequence_number() {
     assert_eq!(reader.events(&w.scope, 10, 20, 5).unwrap().len(), 5, "bounded by max");
     assert!(reader.events(&w.scope, 241, 300, 10).unwrap().is_empty());
 }
+
+/// With a small in-memory index, applied ops move to the cold index (the
+/// store's ops table) and are answered from there: a duplicate of an old op
+/// is a duplicate, an op naming an old op as parent applies, an op naming
+/// an old governance op as parent is `wrong_plane`, and after a reopen the
+/// same holds while the in-memory index starts empty.
+#[test]
+fn the_cold_index_answers_for_ops_that_left_memory() {
+    use dagfold::core::{OpState, Outcome, Reason};
+    use dagfold::workload::{generate, sign_op, WorkloadConfig};
+    let id = dagfold::core::Identity::from_secrets([11; 32], [12; 32]);
+    let w = generate(&WorkloadConfig { data_ops: 1_500, rotate_at: Some(700), ..Default::default() }, id.public_key, id.kem_public);
+    let cfg = Config { hot_applied_max: 50, cold_filter_bytes: 4_096, ..Config::default() };
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = RocksStore::open(dir.path()).unwrap();
+    store.write(&[dagfold::core::Write::Put(Cf::Meta, dagfold::core::META_IDENTITY.to_vec(), id.encode())], true).unwrap();
+    let mut node = Durable::open(store, cfg.clone(), 0).unwrap();
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    for chunk in frames.chunks(20) {
+        node.handle_frames(chunk, 0).unwrap();
+    }
+    let applied = node.engine.applied_total();
+    assert_eq!(applied, w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64);
+    let (indexed, _) = node.engine.index_sizes();
+    assert!(indexed <= 50 + 2 * 20, "{indexed} ops in memory");
+    assert!(node.engine.stats.cold_evicted > 1_400);
+    let status = node.engine.status(&w.scope).unwrap();
+    assert_eq!(status.root, w.final_root);
+
+    // An early data op and an early governance op, long gone from memory.
+    let first_data = w.messages.iter().find(|m| m.is_data).unwrap();
+    let genesis = &w.messages[0];
+    assert_eq!(node.engine.op_state(&first_data.id), OpState::Applied);
+    let old = decode_op(&first_data.frame[1..]).unwrap();
+    let author = w.writers.iter().find(|m| m.public_key == old.author).unwrap();
+    let child = |parents: Vec<Hash>, later: u64| {
+        let mut op = old.clone();
+        op.parents = parents;
+        op.hlc = old.hlc + 1 + later;
+        sign_op(&mut op, author).0
+    };
+
+    for round in 0..2 {
+        let (outcomes, _) = node.handle_frames(&frames, 0).unwrap();
+        assert!(
+            outcomes.iter().zip(&w.messages).all(|(o, m)| m.id == [0; 32] || *o == Outcome::Duplicate),
+            "round {round}: every op again is a duplicate"
+        );
+        assert_eq!(node.engine.applied_total(), applied + round);
+        let (o, _) = node.handle_frames(&[child(vec![genesis.id], round)], 0).unwrap();
+        assert_eq!(o, vec![Outcome::Dropped(Reason::WrongPlane)], "round {round}");
+        if round == 0 {
+            let (o, _) = node.handle_frames(&[child(vec![first_data.id], 0)], 0).unwrap();
+            assert_eq!(o, vec![Outcome::Applied]);
+        }
+        assert!(node.engine.stats.cold_hits > 0);
+        drop(node);
+        node = Durable::open(RocksStore::open(dir.path()).unwrap(), cfg.clone(), 0).unwrap();
+        // In memory: the remembered drops only (one per round so far).
+        assert_eq!(node.engine.index_sizes().0, round as usize + 1, "reopened with nothing applied in memory");
+        assert_eq!(node.engine.applied_total(), applied + 1);
+        assert_eq!(node.engine.op_state(&first_data.id), OpState::Applied);
+    }
+}

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use borsh::{BorshDeserialize, BorshSerialize};
 
+use super::cold::{ColdOps, IdFilter};
 use super::governance::{GovNode, GovState, Governance};
 use super::projection::Projection;
 use super::{IdMap, IdSet};
@@ -197,6 +198,9 @@ pub struct Commit {
     pub gov_applied: Vec<(Hash, GovNode)>,
     /// Group keys accepted.
     pub keys_added: Vec<[u8; 32]>,
+    /// This commit's number (consecutive from 0 per engine): the driver
+    /// reports it back through `Engine::note_durable` once it is written.
+    pub number: u64,
 }
 
 impl Commit {
@@ -239,6 +243,12 @@ pub struct Stats {
     pub divergences: u64,
     pub events: u64,
     pub cascade_released: u64,
+    /// Applied ops moved from the hot index to the cold one.
+    pub cold_evicted: u64,
+    /// Store reads for ids the cold filter may hold, and those that found
+    /// an applied op.
+    pub cold_reads: u64,
+    pub cold_hits: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -257,6 +267,11 @@ pub struct Config {
     pub buffered_bytes_total_max: u64,
     pub dropped_remembered_max: u64,
     pub genesis_policy: GenesisPolicy,
+    /// Applied ops kept in the in-memory index once the engine has a cold
+    /// index (`ColdOps`); older ones are read back from the store.
+    pub hot_applied_max: usize,
+    /// Size of the filter in front of the cold index.
+    pub cold_filter_bytes: usize,
 }
 
 impl Default for Config {
@@ -269,6 +284,8 @@ impl Default for Config {
             buffered_bytes_total_max: limits::BUFFERED_BYTES_TOTAL_MAX,
             dropped_remembered_max: limits::DROPPED_REMEMBERED_MAX,
             genesis_policy: GenesisPolicy::AcceptAll,
+            hot_applied_max: limits::HOT_APPLIED_MAX,
+            cold_filter_bytes: limits::COLD_FILTER_BYTES,
         }
     }
 }
@@ -485,6 +502,17 @@ pub struct Engine {
     /// released within one commit never needs to reach the disk.
     fresh_buffer_puts: IdSet<(u8, Hash)>,
     cancelled_buffer_puts: IdSet<(u8, Hash)>,
+    /// The cold index (see `core::cold`): none, and every applied op stays
+    /// in `ops`.
+    cold: Option<Box<dyn ColdOps>>,
+    cold_filter: IdFilter,
+    /// Applied ops in `ops`, oldest first, with the number of the commit
+    /// that applied them (an id read back from the cold index comes again).
+    hot_order: VecDeque<(u64, Hash)>,
+    /// The number of the commit being built.
+    commit_number: u64,
+    /// Every commit up to this number is durable (`note_durable`).
+    durable_through: Option<u64>,
     pub stats: Stats,
 }
 
@@ -523,10 +551,83 @@ impl Engine {
             touched: Vec::new(),
             fresh_buffer_puts: Default::default(),
             cancelled_buffer_puts: Default::default(),
+            cold: None,
+            cold_filter: IdFilter::new(0),
+            hot_order: VecDeque::new(),
+            commit_number: 0,
+            durable_through: None,
             stats: Stats::default(),
         };
         e.intern_cut(&[]);
         e
+    }
+
+    /// Gives the engine a cold index: from now on an applied op leaves the
+    /// in-memory index once more than `hot_applied_max` newer ones are
+    /// applied and its commit is durable (`note_durable`), and is read back
+    /// from `cold` when asked for. Without one, every applied op stays.
+    pub fn set_cold(&mut self, cold: Box<dyn ColdOps>) {
+        self.cold = Some(cold);
+        self.cold_filter = IdFilter::new(self.cfg.cold_filter_bytes);
+    }
+
+    /// The driver reports that every commit up to `number` is durable, so
+    /// ops they applied may leave the in-memory index.
+    pub fn note_durable(&mut self, number: u64) {
+        self.durable_through = Some(self.durable_through.map_or(number, |d| d.max(number)));
+        let Some(durable) = self.durable_through else { return };
+        if self.cold.is_none() {
+            return;
+        }
+        while self.hot_order.len() > self.cfg.hot_applied_max {
+            let &(n, id) = self.hot_order.front().expect("longer than the bound");
+            if n > durable {
+                break;
+            }
+            self.hot_order.pop_front();
+            if matches!(self.ops.get(&id), Some(Entry::Applied(_))) {
+                self.ops.remove(&id);
+                self.cold_filter.insert(&id);
+                self.stats.cold_evicted += 1;
+            }
+        }
+    }
+
+    /// Applied ops in the in-memory index, and the bytes of the cold filter.
+    pub fn index_sizes(&self) -> (usize, u64) {
+        (self.ops.len(), self.cold_filter.heap_bytes())
+    }
+
+    /// An applied op of the cold index, read back from the store.
+    fn cold_op(&self, id: &Hash) -> Option<Op> {
+        let cold = self.cold.as_ref()?;
+        if !self.cold_filter.may_contain(id) {
+            return None;
+        }
+        let bytes = cold.get(id)?;
+        Some(decode_op(&bytes).expect("a stored op decodes"))
+    }
+
+    /// Whether `id` is an applied op of the cold index.
+    fn cold_applied(&mut self, id: &Hash) -> bool {
+        self.cold_meta(id).is_some()
+    }
+
+    /// The meta of an applied op of the cold index; it comes back into the
+    /// hot index, since ops that name it as a dependency tend to follow.
+    fn cold_meta(&mut self, id: &Hash) -> Option<AppliedMeta> {
+        if self.cold.is_none() || !self.cold_filter.may_contain(id) {
+            return None;
+        }
+        self.stats.cold_reads += 1;
+        let op = self.cold_op(id)?;
+        self.stats.cold_hits += 1;
+        let scope = self.scope_idx(&op.scope_of(id));
+        let cut = self.intern_cut(op.cut_ids());
+        let m = AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut };
+        self.ops.insert(*id, Entry::Applied(m));
+        self.hot_order.push_back((self.commit_number, *id));
+        Some(m)
     }
 
     pub fn identity(&self) -> &Identity {
@@ -599,7 +700,7 @@ impl Engine {
     }
 
     fn handle_verified(&mut self, v: VerifiedOp, now_ms: u64) -> Outcome {
-        if self.ops.contains_key(&v.id) {
+        if self.ops.contains_key(&v.id) || self.cold_applied(&v.id) {
             self.stats.duplicates += 1;
             return Outcome::Duplicate;
         }
@@ -674,10 +775,11 @@ impl Engine {
 
     // ----- judging ------------------------------------------------------
 
-    fn applied(&self, id: &Hash) -> Option<AppliedMeta> {
+    fn applied(&mut self, id: &Hash) -> Option<AppliedMeta> {
         match self.ops.get(id) {
             Some(Entry::Applied(m)) => Some(*m),
-            _ => None,
+            Some(_) => None,
+            None => self.cold_meta(id),
         }
     }
 
@@ -697,7 +799,12 @@ impl Engine {
             match self.ops.get(d) {
                 Some(Entry::Dropped { .. }) => return Judgement::Drop(Reason::RejectedDependency),
                 Some(Entry::Applied(_)) => {}
-                _ => missing.push(*d),
+                Some(Entry::Buffered) => missing.push(*d),
+                None => {
+                    if self.cold_meta(d).is_none() {
+                        missing.push(*d);
+                    }
+                }
             }
         }
         if !missing.is_empty() {
@@ -735,7 +842,8 @@ impl Engine {
         if op.plane == PLANE_DATA {
             let mut g: Option<Arc<GovState>> = None;
             for p in &op.parents {
-                let pcut = self.cuts[self.applied(p).expect("checked applied").cut as usize].clone();
+                let pcut = self.applied(p).expect("checked applied").cut;
+                let pcut = self.cuts[pcut as usize].clone();
                 if *pcut == *op.cut {
                     continue;
                 }
@@ -999,6 +1107,9 @@ impl Engine {
         self.touched.push(scope);
         let cut = self.intern_cut(op.cut_ids());
         self.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
+        if self.cold.is_some() {
+            self.hot_order.push_back((self.commit_number, id));
+        }
         self.out.applied.push((id, self.scopes[scope as usize].id));
         match payload {
             Decrypted::Gov(plain, p) => {
@@ -1145,6 +1256,8 @@ impl Engine {
                 self.out.writes.push(Write::Put(Cf::Projection, key, val));
             }
         }
+        self.out.number = self.commit_number;
+        self.commit_number += 1;
         std::mem::take(&mut self.out)
     }
 
@@ -1207,7 +1320,18 @@ impl Engine {
                 _ => {}
             }
         }
-        for v in [&mut r.applied, &mut r.pending, &mut r.key_waiting, &mut r.data_key_waiting] {
+        if let Some(cold) = &self.cold {
+            let scope_id = self.scopes[i as usize].id;
+            cold.scan(&mut |op_id, bytes| {
+                let op = decode_op(bytes).expect("a stored op decodes");
+                if op.scope_of(op_id) == scope_id {
+                    r.applied.push(*op_id);
+                }
+            });
+        }
+        r.applied.sort();
+        r.applied.dedup();
+        for v in [&mut r.pending, &mut r.key_waiting, &mut r.data_key_waiting] {
             v.sort();
         }
         let s = &mut self.scopes[i as usize];
@@ -1221,6 +1345,7 @@ impl Engine {
     /// The state of one op id, for sync and tests.
     pub fn op_state(&self, id: &Hash) -> OpState {
         match self.ops.get(id) {
+            None if self.cold_op(id).is_some() => OpState::Applied,
             None => OpState::Unknown,
             Some(Entry::Applied(_)) => OpState::Applied,
             Some(Entry::Dropped { reason, .. }) => OpState::Dropped(*reason),
@@ -1407,8 +1532,14 @@ impl Engine {
     /// commits: nothing is re-folded (cells are read back, the tree is
     /// rebuilt from them). Buffered ops whose wait is already over (which a
     /// consistent store never has) are re-judged; call `take_commit` after.
-    pub fn restore(cfg: Config, identity: Identity, t: &dyn TableScan, now_ms: u64) -> Engine {
+    ///
+    /// With a cold index (`cold`, reading the same store), the applied ops
+    /// read back go to its filter, not to the in-memory index.
+    pub fn restore(cfg: Config, identity: Identity, t: &dyn TableScan, cold: Option<Box<dyn ColdOps>>, now_ms: u64) -> Engine {
         let mut e = Engine::new(cfg, identity);
+        if let Some(cold) = cold {
+            e.set_cold(cold);
+        }
         t.scan(Cf::Keys, &mut |k, v| {
             let key_id: Hash = k.try_into().expect("key id is 32 bytes");
             let key: [u8; 32] = v.try_into().expect("a group key is 32 bytes");
@@ -1439,8 +1570,12 @@ impl Engine {
             let op = decode_op(v).expect("a stored op decodes");
             assert_eq!(delta_id_of_body(op_body(v)), id, "a stored op sits under its id");
             let scope = e.scope_idx(&op.scope_of(&id));
-            let cut = e.intern_cut(op.cut_ids());
-            e.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
+            if e.cold.is_some() {
+                e.cold_filter.insert(&id);
+            } else {
+                let cut = e.intern_cut(op.cut_ids());
+                e.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
+            }
             *per_scope_applied.entry(scope).or_default() += 1;
             if op.plane == PLANE_GOVERNANCE {
                 let rec = gov_records.remove(&id).expect("an applied governance op has its record");
@@ -1488,7 +1623,11 @@ impl Engine {
             e.seq = e.seq.max(seq + 1);
             let mut missing = Vec::new();
             if kind == BufKind::Pending {
-                missing = op.dependencies().filter(|d| e.applied(d).is_none()).copied().collect();
+                for d in op.dependencies() {
+                    if e.applied(d).is_none() {
+                        missing.push(*d);
+                    }
+                }
                 for m in &missing {
                     e.waiters.entry(*m).or_default().push(id);
                     e.note_waited(m);

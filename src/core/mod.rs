@@ -6,9 +6,11 @@
 pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
+pub mod cold;
 pub mod engine;
 pub mod governance;
 pub mod projection;
 pub mod smt;
 
+pub use cold::ColdOps;
 pub use engine::*;

@@ -90,11 +90,12 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         ..Config::default()
     };
     let started = std::time::Instant::now();
-    let mut engine = Engine::restore(engine_cfg, identity.clone(), &store, now_ms());
+    let mut engine = Engine::restore(engine_cfg, identity.clone(), &store, store.cold_reader(), now_ms());
     let restore_commit = engine.take_commit();
     if !restore_commit.writes.is_empty() {
         store.write(&restore_commit.writes, true)?;
     }
+    engine.note_durable(restore_commit.number);
     let restored_ms = started.elapsed().as_millis();
     let hub = Arc::new(Hub::new(engine.event_seqs()));
     let reader = store.reader();

@@ -131,6 +131,8 @@ pub struct Shared {
     /// Heads of peers that we lack, per scope (sync asks for them).
     pub lacking: Mutex<Vec<(std::net::SocketAddr, Hash, Vec<Hash>)>>,
     pub divergences_heartbeat: AtomicU64,
+    /// One past the number of the last commit written (0: none yet).
+    pub durable_commits: AtomicU64,
 }
 
 pub struct Pipeline {
@@ -178,6 +180,7 @@ impl Pipeline {
             wanted: Mutex::new(Vec::new()),
             lacking: Mutex::new(Vec::new()),
             divergences_heartbeat: AtomicU64::new(0),
+            durable_commits: AtomicU64::new(0),
         });
         {
             let mut st = shared.status.write().unwrap();
@@ -435,6 +438,11 @@ fn orderer(
             }
         }
         engine.handle_tick(now_ms());
+        // Ops applied by durable commits may leave the in-memory index.
+        let durable = shared.durable_commits.load(Ordering::Acquire);
+        if durable > 0 {
+            engine.note_durable(durable - 1);
+        }
         let commit = engine.take_commit();
         if let Some(turns) = &turns {
             for (h, (useful, total)) in hosts.drain() {
@@ -616,6 +624,12 @@ fn publish_engine_stats(engine: &Engine) {
     for r in crate::core::Reason::ALL {
         gauge!("dagfold_engine_dropped_total", "reason" => r.name()).set(s.dropped[r.code() as usize] as f64);
     }
+    gauge!("dagfold_engine_cold_evicted_total").set(s.cold_evicted as f64);
+    gauge!("dagfold_engine_cold_reads_total").set(s.cold_reads as f64);
+    gauge!("dagfold_engine_cold_hits_total").set(s.cold_hits as f64);
+    let (indexed, filter_bytes) = engine.index_sizes();
+    gauge!("dagfold_engine_index_entries").set(indexed as f64);
+    gauge!("dagfold_engine_cold_filter_bytes").set(filter_bytes as f64);
     let (hits, misses) = engine.governance_cache_stats();
     gauge!("dagfold_governance_cache_hits_total").set(hits as f64);
     gauge!("dagfold_governance_cache_misses_total").set(misses as f64);
@@ -646,6 +660,9 @@ fn committer<S: Store>(
             shared.refusing.store(true, Ordering::SeqCst);
             continue;
         }
+        // Readable in the store from here (and durable, when syncing): the
+        // orderer may now answer for its ops from the store.
+        shared.durable_commits.store(commit.number + 1, Ordering::Release);
         histogram!("dagfold_commit_seconds").record(t.elapsed().as_secs_f64());
         histogram!("dagfold_commit_writes").record(commit.writes.len() as f64);
         histogram!("dagfold_commit_applied_ops").record(commit.applied.len() as f64);

@@ -34,6 +34,11 @@ pub trait Store: TableScan + Send {
     fn disk_bytes(&self) -> u64 {
         0
     }
+    /// A reader of applied ops for the engine's cold index (`core::cold`),
+    /// or none: the engine then keeps every applied op in memory.
+    fn cold_reader(&self) -> Option<Box<dyn crate::core::ColdOps>> {
+        None
+    }
 }
 
 /// Bytes of the files under `path` (the store's footprint on disk).

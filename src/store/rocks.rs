@@ -135,10 +135,30 @@ impl Store for RocksStore {
         super::dir_bytes(&self.path)
     }
 
+    fn cold_reader(&self) -> Option<Box<dyn crate::core::ColdOps>> {
+        Some(Box::new(self.reader()))
+    }
+
+}
+
+impl crate::core::ColdOps for StoreReader {
+    fn get(&self, id: &crate::protocol::Hash) -> Option<Vec<u8>> {
+        // A read error here is a failing disk: the op is then treated as
+        // unknown ("not yet"), never as something else.
+        StoreReader::get(self, Cf::Ops, id).ok().flatten()
+    }
+
+    fn scan(&self, f: &mut dyn FnMut(&crate::protocol::Hash, &[u8])) {
+        let h = self.db.cf_handle(Cf::Ops.name()).expect("every column family is opened");
+        for item in self.db.iterator_cf(h, IteratorMode::Start) {
+            let (k, v) = item.expect("reading the ops table");
+            f(&k[..].try_into().expect("op ids are 32 bytes"), &v);
+        }
+    }
 }
 
 /// Concurrent reads of committed data: ops for sync, events for
-/// subscriptions.
+/// subscriptions, applied ops for the engine's cold index.
 #[derive(Clone)]
 pub struct StoreReader {
     db: Arc<DB>,

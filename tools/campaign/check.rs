@@ -151,7 +151,7 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
     r.key_waits = key_waits;
     r.dropped = dropped.len() as u64;
     // Reopen as the node does.
-    let mut engine = Engine::restore(Config::default(), identity.clone(), &store, 0);
+    let mut engine = Engine::restore(Config::default(), identity.clone(), &store, None, 0);
     let commit = engine.take_commit();
     if !commit.writes.is_empty() {
         p(format!(
