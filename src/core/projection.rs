@@ -3,7 +3,7 @@
 
 
 use super::smt::{LeafId, Smt};
-use crate::protocol::crypto::{cell_path, sha256, sha256_parts};
+use crate::protocol::crypto::{cell_path, sha256, sha256_tag_pair};
 use crate::protocol::{encode, Action, Cell, Hash, Lww, PublicKey};
 
 #[derive(Clone, Debug)]
@@ -24,7 +24,7 @@ pub struct Projection {
 
 /// `H([0x00] || p || H(encoded cell))`.
 fn leaf_of(path: &Hash, encoded_cell: &[u8]) -> Hash {
-    sha256_parts(&[&[0u8], path, &sha256(encoded_cell)])
+    sha256_tag_pair(0, path, &sha256(encoded_cell))
 }
 
 impl Projection {

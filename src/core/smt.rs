@@ -12,7 +12,7 @@
 //! ever rescans the tree. Cells are never removed (§8: a cell exists once
 //! touched), so the trie only grows.
 
-use crate::protocol::crypto::sha256_parts;
+use crate::protocol::crypto::sha256_tag_pair;
 use crate::protocol::{Hash, ZERO};
 
 const NONE: u32 = u32::MAX;
@@ -57,7 +57,7 @@ fn first_diff_bit(a: &Hash, b: &Hash) -> u16 {
 }
 
 fn branch_hash(left: &Hash, right: &Hash) -> Hash {
-    sha256_parts(&[&[1u8], left, right])
+    sha256_tag_pair(1, left, right)
 }
 
 /// A subtree whose paths all share bits `from..to`, hashed at depth `to`,
