@@ -513,6 +513,8 @@ pub struct Engine {
     commit_number: u64,
     /// Every commit up to this number is durable (`note_durable`).
     durable_through: Option<u64>,
+    /// Woken ops judged per call at most (`set_cascade_budget`).
+    cascade_budget: u64,
     pub stats: Stats,
 }
 
@@ -556,6 +558,7 @@ impl Engine {
             hot_order: VecDeque::new(),
             commit_number: 0,
             durable_through: None,
+            cascade_budget: u64::MAX,
             stats: Stats::default(),
         };
         e.intern_cut(&[]);
@@ -1169,11 +1172,33 @@ impl Engine {
         }
     }
 
+    /// Lets a call judge at most `steps` woken ops (default: no bound). What
+    /// is left stays in the work list, still buffered, until
+    /// `continue_cascade` or the next input: a driver can then commit a long
+    /// cascade in parts and overlap its writes with the rest of it. The
+    /// outcome is the same, since every verdict depends only on the op and
+    /// on what is applied, and a crash in between leaves buffered ops whose
+    /// wait is over, which `restore` re-judges.
+    pub fn set_cascade_budget(&mut self, steps: u64) {
+        self.cascade_budget = steps.max(1);
+    }
+
+    /// Whether a cascade stopped at its budget and has more to judge.
+    pub fn cascade_remaining(&self) -> bool {
+        !self.work.is_empty()
+    }
+
+    /// Judges the next part of a cascade left at its budget.
+    pub fn continue_cascade(&mut self, now_ms: u64) {
+        self.run_cascade(now_ms);
+    }
+
     /// The cascade (SPEC §6 step 5): an explicit work list, each woken op
     /// judged once per wake; no recursion, no rescans.
     fn run_cascade(&mut self, now_ms: u64) {
         let mut steps: u64 = 0;
-        while let Some(id) = self.work.pop_front() {
+        while steps < self.cascade_budget {
+            let Some(id) = self.work.pop_front() else { break };
             steps += 1;
             assert!(steps <= limits::CASCADE_STEPS_MAX, "cascade exceeded its bound");
             let Some(b) = self.take_buffered(&id) else {

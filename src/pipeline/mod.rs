@@ -21,6 +21,7 @@
 //! of order; the authorizer restores the ingest order so that a causally
 //! ordered stream stays causally ordered (no needless pending buffering).
 
+mod gate;
 pub mod hub;
 mod verified;
 
@@ -68,6 +69,26 @@ struct Batch {
     received: Instant,
 }
 
+impl Batch {
+    /// What the batch holds, for the orderer's byte budget: each op's
+    /// encoding, decoded form (about as large) and plaintext.
+    fn bytes(&self) -> u64 {
+        self.items
+            .iter()
+            .map(|i| match &i.work {
+                Work::Op { bytes, .. } => 2 * bytes.len() as u64 + i.pre.opened.as_ref().map_or(0, |o| o.as_ref().map_or(0, |p| p.len() as u64)) + 64,
+                _ => 256,
+            })
+            .sum()
+    }
+}
+
+/// Batches queued for the orderer: long, so that verification goes on
+/// through a cascade (at 64 ops a batch, ~8k ops, ~80 ms of verifier work),
+/// and bounded in bytes by `ORDER_QUEUE_BYTES_MAX`.
+const ORDER_QUEUE_BATCHES: usize = 128;
+const ORDER_QUEUE_BYTES_MAX: u64 = 32 << 20;
+
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
     pub verifier_threads: usize,
@@ -79,7 +100,8 @@ pub struct PipelineConfig {
     /// ~4 × 64 × frame size per channel.
     pub stage_queue_batches: usize,
     /// Ops the orderer folds into one commit at most (group commit): the
-    /// WAL sync (~90 µs) is shared by them.
+    /// WAL sync (~90 µs) is shared by them. Also the woken ops a cascade
+    /// judges per commit (`Engine::set_cascade_budget`).
     pub commit_ops_max: usize,
     /// Sync the WAL on every commit (durable); off trades the last commits
     /// on a power loss for speed (a process crash loses nothing either way).
@@ -156,6 +178,7 @@ impl Pipeline {
         on_durable: Box<dyn FnMut(Durable) + Send>,
     ) -> Pipeline {
         assert!(cfg.verifier_threads >= 1 && cfg.verify_batch_max >= 1);
+        engine.set_cascade_budget(cfg.commit_ops_max as u64);
         // Replicas fed by the orderer from what the engine accepted.
         let gov_replica = Arc::new(RwLock::new(Governance::default()));
         let keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>> = Arc::new(RwLock::new(HashMap::new()));
@@ -194,7 +217,8 @@ impl Pipeline {
         let (verify_tx, verify_rx) = bounded::<Batch>(q);
         let (auth_tx, auth_rx) = bounded::<Batch>(q);
         let (dec_tx, dec_rx) = bounded::<Batch>(q);
-        let (order_tx, order_rx) = bounded::<Batch>(q);
+        let (order_tx, order_rx) = bounded::<Batch>(ORDER_QUEUE_BATCHES.max(q));
+        let order_gate = Arc::new(gate::ByteGate::new(ORDER_QUEUE_BYTES_MAX));
         // One commit in flight: while the committer syncs batch N the
         // orderer builds N+1, then waits (group commit).
         let (commit_tx, commit_rx) = bounded::<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>(1);
@@ -217,7 +241,8 @@ impl Pipeline {
         let g = gov_replica.clone();
         threads.push(spawn("dagfold-authorizer", Box::new(move || authorizer(auth_rx, dec_tx, g))));
         let k = keyring.clone();
-        threads.push(spawn("dagfold-decryptor", Box::new(move || decryptor(dec_rx, order_tx, k))));
+        let gate_in = order_gate.clone();
+        threads.push(spawn("dagfold-decryptor", Box::new(move || decryptor(dec_rx, order_tx, k, &gate_in))));
         let sh = shared.clone();
         let commit_ops_max = cfg.commit_ops_max;
         let tick_ms = cfg.tick_ms;
@@ -225,8 +250,9 @@ impl Pipeline {
         threads.push(spawn(
             "dagfold-orderer",
             Box::new(move || {
-                let o = OrdererIo { gov: gov_replica, keyring, probes, turns };
-                orderer(&mut engine, order_rx, commit_tx, sh, o, commit_ops_max, tick_ms)
+                let o = OrdererIo { gov: gov_replica, keyring, probes, turns, gate: order_gate.clone() };
+                orderer(&mut engine, order_rx, commit_tx, sh, o, commit_ops_max, tick_ms);
+                order_gate.close();
             }),
         ));
         let sh = shared.clone();
@@ -338,7 +364,7 @@ fn authorizer(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Governance
     }
 }
 
-fn decryptor(rx: Receiver<Batch>, tx: Sender<Batch>, keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>) {
+fn decryptor(rx: Receiver<Batch>, tx: Sender<Batch>, keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>, gate: &gate::ByteGate) {
     for mut batch in rx {
         let t = Instant::now();
         {
@@ -355,7 +381,7 @@ fn decryptor(rx: Receiver<Batch>, tx: Sender<Batch>, keyring: Arc<RwLock<HashMap
             }
         }
         histogram!("dagfold_stage_seconds", "stage" => "decrypt").record(t.elapsed().as_secs_f64());
-        if tx.send(batch).is_err() {
+        if !gate.acquire(batch.bytes()) || tx.send(batch).is_err() {
             return;
         }
     }
@@ -369,6 +395,8 @@ struct OrdererIo {
     keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
     probes: Vec<(&'static str, Receiver<Batch>)>,
     turns: Option<Arc<crate::net::fair::OriginTurns>>,
+    /// The byte budget of the orderer's input queue.
+    gate: Arc<gate::ByteGate>,
 }
 
 /// What a host's ops came to, recently: the share of them applied (or
@@ -399,7 +427,7 @@ fn orderer(
     commit_ops_max: usize,
     tick_ms: u64,
 ) {
-    let OrdererIo { gov, keyring, probes, turns } = io;
+    let OrdererIo { gov, keyring, probes, turns, gate } = io;
     let mut hosts: crate::core::IdMap<std::net::IpAddr, (u32, u32)> = Default::default();
     let mut scores: crate::core::IdMap<std::net::IpAddr, f32> = Default::default();
     let mut origins: HashMap<Hash, Origin> = HashMap::new();
@@ -411,16 +439,23 @@ fn orderer(
     let mut wanted_stale = true;
     let mut last_received = Instant::now();
     let mut open = true;
-    while open {
+    while open || engine.cascade_remaining() {
         // Group commit: keep folding batches into this commit while the
         // committer is still busy with the previous one (its slot is full),
         // up to `commit_ops_max`; hand it over as soon as the slot is free.
         let mut ops_in_commit = 0usize;
         let t = Instant::now();
-        loop {
+        if engine.cascade_remaining() {
+            // A long cascade goes in parts of `commit_ops_max` woken ops, one
+            // commit each, so the committer writes one part while the
+            // orderer judges the next; new input waits until it is done.
+            engine.continue_cascade(now_ms());
+        }
+        while !engine.cascade_remaining() {
             let wait = if ops_in_commit == 0 { Duration::from_millis(tick_ms) } else { Duration::from_micros(200) };
             match rx.recv_timeout(wait) {
                 Ok(batch) => {
+                    gate.release(batch.bytes());
                     last_received = last_received.min(batch.received);
                     ops_in_commit += batch.items.len();
                     for item in batch.items {
@@ -514,6 +549,7 @@ fn orderer(
             gauge!("dagfold_queue_batches", "stage" => *stage).set(rx.len() as f64);
         }
         gauge!("dagfold_queue_batches", "stage" => "commit").set(commit_tx.len() as f64);
+        gauge!("dagfold_order_queue_bytes").set(gate.held() as f64);
         if commit_tx.send((commit, statuses, applied_origins, last_received)).is_err() {
             return;
         }

@@ -27,6 +27,8 @@ pub struct StoreReport {
     /// The scope's root and applied count as restored.
     pub root: Option<Hash>,
     pub scope_applied: Option<u64>,
+    /// Ops applied by reopening: the rest of a cascade committed in parts.
+    pub released_at_reopen: u64,
     pub ops: HashSet<Hash>,
     pub problems: Vec<String>,
 }
@@ -41,6 +43,7 @@ impl StoreReport {
             "dropped": self.dropped,
             "events": self.events.len(),
             "root": self.root.map(hex::encode),
+            "released_at_reopen": self.released_at_reopen,
             "problems": self.problems,
         })
     }
@@ -108,6 +111,7 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
     let dropped: HashSet<Hash> = scan(&store, Cf::Dropped).iter().filter_map(|(k, _)| h32(k)).collect();
     let mut pending_ids = HashSet::new();
     let mut pending_of_scope = 0u64;
+    let mut ready_pending = 0u64;
     for (k, v) in scan(&store, Cf::Pending) {
         let (Some(id), Ok(op)) = (h32(&k), decode_op(v.get(8..).unwrap_or_default())) else {
             p(format!("a pending record does not decode (key {})", hex::encode(&k)));
@@ -117,7 +121,9 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
             p(format!("op {} is both applied and pending", hex::encode(id)));
         }
         if op.dependencies().all(|d| ops.contains_key(d)) {
-            p(format!("pending op {} has every dependency applied", hex::encode(id)));
+            // A cascade committed in parts: the rest of it was still to be
+            // judged at the kill; reopening judges it (checked below).
+            ready_pending += 1;
         }
         if let Some(d) = op.dependencies().find(|d| dropped.contains(*d)) {
             p(format!("pending op {} waits on dropped {}", hex::encode(id), hex::encode(d)));
@@ -153,18 +159,28 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
     // Reopen as the node does.
     let mut engine = Engine::restore(Config::default(), identity.clone(), &store, None, 0);
     let commit = engine.take_commit();
-    if !commit.writes.is_empty() {
+    if !commit.writes.is_empty() && ready_pending == 0 {
         p(format!(
-            "reopening re-judged buffered ops ({} writes, {} applied): the store held ops whose wait was over",
+            "reopening re-judged buffered ops ({} writes, {} applied) though no stored pending op was ready",
             commit.writes.len(),
             commit.applied.len()
         ));
     }
+    r.released_at_reopen = commit.applied.len() as u64;
+    // The ops that reopening applied, for the fresh fold below.
+    let released: Vec<(Hash, Vec<u8>)> = commit
+        .writes
+        .iter()
+        .filter_map(|w| match w {
+            dagfold::core::Write::Put(Cf::Ops, k, v) => Some((h32(k)?, v.clone())),
+            _ => None,
+        })
+        .collect();
     if let Some(scope) = scope {
         if let Some(rep) = engine.report(&scope) {
             r.root = Some(rep.root);
             r.scope_applied = Some(rep.applied.len() as u64);
-            if rep.pending.len() as u64 != pending_of_scope {
+            if rep.pending.len() as u64 > pending_of_scope || (ready_pending == 0 && rep.pending.len() as u64 != pending_of_scope) {
                 p(format!("restored pending {} != stored pending {}", rep.pending.len(), pending_of_scope));
             }
             if fresh_fold {
@@ -174,8 +190,8 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
                         fresh.add_key(k);
                     }
                 }
-                for (k, v) in scan(&store, Cf::Ops) {
-                    let (Some(id), Ok(op)) = (h32(&k), decode_op(&v)) else { continue };
+                for (id, v) in scan(&store, Cf::Ops).into_iter().filter_map(|(k, v)| Some((h32(&k)?, v))).chain(released.clone()) {
+                    let Ok(op) = decode_op(&v) else { continue };
                     fresh.handle_checked(VerifiedOp { id, op, bytes: v, pre: Default::default() }, true, 0);
                 }
                 match fresh.report(&scope) {

@@ -59,6 +59,10 @@ pub struct CrashArgs {
     /// Give up waiting for convergence after this long.
     #[arg(long, default_value_t = 300)]
     pub timeout_s: u64,
+    /// The killed node's `--commit-ops-max`: small, so that its cascades
+    /// are committed in many parts and kills land between them.
+    #[arg(long, default_value_t = 16)]
+    pub commit_ops_max: usize,
 }
 
 pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, String> {
@@ -72,7 +76,9 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
     let (ha, hb) = (crate::proc::loopback(crate::proc::free_port()), crate::proc::loopback(crate::proc::free_port()));
     let hb_flags = |peer: std::net::SocketAddr| vec!["--peer".to_string(), peer.to_string(), "--heartbeat-ms".into(), "200".into()];
     let mut b = NodeProc::at("peer B", &bins.dagfold, &dir_b, &work.join("b.log"), lb, hb, &hb_flags(la));
-    let mut node = NodeProc::at("node A", &bins.dagfold, &dir_a, &work.join("a.log"), la, ha, &hb_flags(lb));
+    let mut a_flags = hb_flags(lb);
+    a_flags.extend(["--commit-ops-max".to_string(), a.commit_ops_max.to_string()]);
+    let mut node = NodeProc::at("node A", &bins.dagfold, &dir_a, &work.join("a.log"), la, ha, &a_flags);
     b.start(Duration::from_secs(60))?;
     node.start(Duration::from_secs(60))?;
 
@@ -146,6 +152,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
     let mut kills = Vec::new();
     let (mut opens, mut early_kills, mut problems) = (1u64, 0u64, Vec::<String>::new());
     let mut max_pending_seen = 0u64;
+    let mut released_at_reopen_total = 0u64;
     let mut max_key_waits_seen = 0u64;
     for i in 0..a.kills {
         let delay = rng.gen_range(a.kill_min_ms..=a.kill_max_ms.max(a.kill_min_ms));
@@ -157,6 +164,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
         node.kill();
         let chk = check_store(&node.data_dir, Some(scope), a.fresh_fold_every_kill);
         max_pending_seen = max_pending_seen.max(chk.pending);
+        released_at_reopen_total += chk.released_at_reopen;
         max_key_waits_seen = max_key_waits_seen.max(chk.key_waits);
         let after = chk.scope_applied.unwrap_or(0);
         let mut kill_problems = chk.problems.clone();
@@ -185,11 +193,12 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
             }
         };
         eprintln!(
-            "crash campaign: kill {}/{} at {:.1} s after {delay} ms: {applied_before} applied before, {after} in the store, {} pending, {} key waits{}{}",
+            "crash campaign: kill {}/{} at {:.1} s after {delay} ms: {applied_before} applied before, {after} in the store, {} pending ({} released at reopen), {} key waits{}{}",
             i + 1,
             a.kills,
             killed_at.as_secs_f64(),
             chk.pending,
+            chk.released_at_reopen,
             chk.key_waits,
             early_ms.map(|m| format!(", early kill {m} ms after spawn")).unwrap_or_default(),
             if kill_problems.is_empty() { String::new() } else { format!(" PROBLEMS: {kill_problems:?}") }
@@ -202,6 +211,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
             "applied_before": applied_before,
             "applied_in_store": after,
             "pending_in_store": chk.pending,
+            "released_at_reopen": chk.released_at_reopen,
             "key_waits_in_store": chk.key_waits,
             "early_kill_ms": early_ms,
             "restart_ms": restart_ms,
@@ -306,6 +316,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
         "converge_after_kills_s": converge_s,
         "total_s": t_all.elapsed().as_secs_f64(),
         "max_pending_at_kill": max_pending_seen,
+        "released_at_reopen": released_at_reopen_total,
         "max_key_waits_at_kill": max_key_waits_seen,
         "root": root_hex,
         "root_a": fin.root.map(hex::encode),
