@@ -2,7 +2,7 @@
 //! over 256-bit cell paths with cached hashes.
 //!
 //! A branch node sits at the first bit where the paths below it differ; its
-//! `own` hash is `H(0x01 || left || right)` at that depth. Seen from a
+//! hash is `H(0x01 || left || right)` at that depth. Seen from a
 //! shallower depth `d`, every level where all its paths share a bit wraps it
 //! once more (`H(0x01 || h || ZERO)` or `H(0x01 || ZERO || h)`), exactly as the
 //! recursive definition of §8 does, so `up` caches the hash as the parent sees
@@ -18,25 +18,28 @@ use crate::protocol::{Hash, ZERO};
 const NONE: u32 = u32::MAX;
 const LEAF: u16 = 256;
 
+/// What a rehash touches, kept to 48 bytes so that a walk costs about one
+/// cache line per level (the walks are cache-miss bound: the tree of a
+/// large scope does not fit in cache); paths live apart, in `paths`.
 #[derive(Clone)]
 struct Node {
+    /// Leaf: the leaf hash (a leaf is its own hash seen from any depth).
+    /// Branch: its hash as seen from the parent (depth `parent.bit + 1`,
+    /// or 0), i.e. `H(0x01 || left || right)` at depth `bit`, wrapped.
+    up: Hash,
+    parent: u32,
+    children: [u32; 2],
     /// LEAF for a leaf, else the bit (0..=255) at which the children differ.
     bit: u16,
     dirty: bool,
-    parent: u32,
-    children: [u32; 2],
-    /// A leaf's path; for a branch, a path of one of its leaves (all share
-    /// the bits above `bit`, which is all `wrap` reads).
-    path: Hash,
-    /// Leaf: the leaf hash. Branch: the hash at depth `bit`.
-    own: Hash,
-    /// The hash as seen from the parent (depth `parent.bit + 1`, or 0).
-    up: Hash,
 }
 
 #[derive(Clone)]
 pub struct Smt {
     nodes: Vec<Node>,
+    /// Per node: a leaf's path; for a branch, the path of one of its leaves
+    /// (all share the bits above `bit`, which is all `wrap` reads).
+    paths: Vec<Hash>,
     root: u32,
     leaves: u64,
 }
@@ -80,7 +83,7 @@ impl Default for Smt {
 
 impl Smt {
     pub fn new() -> Self {
-        Smt { nodes: Vec::new(), root: NONE, leaves: 0 }
+        Smt { nodes: Vec::new(), paths: Vec::new(), root: NONE, leaves: 0 }
     }
 
     pub fn len(&self) -> u64 {
@@ -102,8 +105,8 @@ impl Smt {
     pub fn update(&mut self, leaf: LeafId, leaf_hash: Hash) {
         let n = &mut self.nodes[leaf as usize];
         assert_eq!(n.bit, LEAF, "update takes a leaf");
-        if n.own != leaf_hash {
-            n.own = leaf_hash;
+        if n.up != leaf_hash {
+            n.up = leaf_hash;
             self.mark_dirty_up(leaf);
         }
     }
@@ -111,7 +114,8 @@ impl Smt {
     /// Inserts a new leaf; the path must not be in the tree yet.
     pub fn insert(&mut self, path: Hash, leaf_hash: Hash) -> LeafId {
         let leaf = self.nodes.len() as u32;
-        self.nodes.push(Node { bit: LEAF, dirty: false, parent: NONE, children: [NONE; 2], path, own: leaf_hash, up: ZERO });
+        self.nodes.push(Node { bit: LEAF, dirty: false, parent: NONE, children: [NONE; 2], up: leaf_hash });
+        self.paths.push(path);
         self.leaves += 1;
         if self.root == NONE {
             self.root = leaf;
@@ -124,7 +128,7 @@ impl Smt {
             let n = &self.nodes[i as usize];
             i = n.children[bit_of(&path, n.bit)];
         }
-        let other = self.nodes[i as usize].path;
+        let other = self.paths[i as usize];
         assert_ne!(other, path, "insert of a path already in the tree");
         let diff = first_diff_bit(&path, &other);
         // Walk again to the first node that sits deeper than the divergence.
@@ -140,7 +144,8 @@ impl Smt {
         let mut children = [NONE; 2];
         children[side] = leaf;
         children[1 - side] = i;
-        self.nodes.push(Node { bit: diff, dirty: false, parent, children, path, own: ZERO, up: ZERO });
+        self.nodes.push(Node { bit: diff, dirty: false, parent, children, up: ZERO });
+        self.paths.push(path);
         self.nodes[leaf as usize].parent = branch;
         self.nodes[i as usize].parent = branch;
         if parent == NONE {
@@ -150,7 +155,9 @@ impl Smt {
             let slot = if p.children[0] == i { 0 } else { 1 };
             p.children[slot] = branch;
         }
-        // `i` is now seen from a new depth: its `up` must be recomputed.
+        // `i` is now seen from a new depth: its `up` must be recomputed
+        // (a leaf's does not change; a branch's is rehashed from its
+        // children, which are clean).
         self.nodes[i as usize].dirty = true;
         self.mark_dirty_up(leaf);
         self.mark_dirty_up(branch);
@@ -175,9 +182,7 @@ impl Smt {
         while let Some((i, depth, expanded)) = stack.pop() {
             let n = &self.nodes[i as usize];
             if n.bit == LEAF {
-                let n = &mut self.nodes[i as usize];
-                n.up = n.own;
-                n.dirty = false;
+                self.nodes[i as usize].dirty = false;
                 continue;
             }
             if !expanded {
@@ -192,16 +197,17 @@ impl Smt {
             }
             let [l, r] = n.children;
             let own = branch_hash(&self.nodes[l as usize].up, &self.nodes[r as usize].up);
+            let bit = self.nodes[i as usize].bit;
+            let up = if depth < bit { wrap(own, &self.paths[i as usize], depth, bit) } else { own };
             let n = &mut self.nodes[i as usize];
-            n.own = own;
-            n.up = wrap(own, &n.path, depth, n.bit);
+            n.up = up;
             n.dirty = false;
         }
     }
 
     /// Bytes of memory held, for the buffer and memory metrics.
     pub fn heap_bytes(&self) -> u64 {
-        (self.nodes.capacity() * std::mem::size_of::<Node>()) as u64
+        (self.nodes.capacity() * std::mem::size_of::<Node>() + self.paths.capacity() * 32) as u64
     }
 }
 
@@ -249,9 +255,10 @@ mod tests {
         for (k, id) in ids.iter().enumerate().step_by(5) {
             let h = sha256(&[k as u8, 9]);
             smt.update(*id, h);
-            let pos = cells.iter().position(|(p, _)| *p == smt.nodes[*id as usize].path).unwrap();
+            let pos = cells.iter().position(|(p, _)| *p == smt.paths[*id as usize]).unwrap();
             cells[pos].1 = h;
         }
         assert_eq!(smt.root(), reference_root(&mut cells.clone()));
+        assert_eq!(std::mem::size_of::<Node>(), 48);
     }
 }
