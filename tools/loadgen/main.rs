@@ -77,7 +77,8 @@ enum Cmd {
         /// Cores the node may use: the ceiling is the faster batch rate times this.
         #[arg(long, default_value_t = 2)]
         cores: u32,
-        /// Seconds to measure each verifier.
+        /// Seconds to measure each verifier, in ten slices of which the best
+        /// counts (noise on a shared machine only slows a slice down).
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
     },
@@ -540,13 +541,20 @@ fn batch_rates(nkeys: usize, seconds: f64) -> serde_json::Value {
     let msgs: Vec<[u8; 32]> = (0..n).map(|i| dagfold::protocol::crypto::sha256(&[i as u8])).collect();
     let sigs: Vec<ed25519_dalek::Signature> = (0..n).map(|i| keys[i % nkeys].sign(&msgs[i])).collect();
     let vks: Vec<ed25519_dalek::VerifyingKey> = (0..n).map(|i| keys[i % nkeys].verifying_key()).collect();
+    // The best of ten slices: on a shared machine noise only ever slows a
+    // slice down, so the best one is the nearest to what the core can do,
+    // and the ceiling errs high (the ratios to it low), never low.
     let rate = |f: &mut dyn FnMut() -> usize| -> f64 {
-        let t = Instant::now();
-        let mut count = 0usize;
-        while t.elapsed().as_secs_f64() < seconds {
-            count += f();
+        let mut best = 0f64;
+        for _ in 0..10 {
+            let t = Instant::now();
+            let mut count = 0usize;
+            while t.elapsed().as_secs_f64() < seconds / 10.0 {
+                count += f();
+            }
+            best = best.max(count as f64 / t.elapsed().as_secs_f64());
         }
-        count as f64 / t.elapsed().as_secs_f64()
+        best
     };
     let msg_refs: Vec<&[u8]> = msgs.iter().map(|m| m.as_slice()).collect();
     // Keys parsed inside the timed loop, as a node receiving bytes must.
