@@ -36,18 +36,7 @@ impl RocksStore {
             .iter()
             .map(|cf| {
                 let mut o = Options::default();
-                // Pending: 64 MiB, so that a record and the delete that
-                // releases it mostly meet in one memtable and the flush drops
-                // the record (4 MiB flushed each ~1 KiB record to L0 and
-                // compacted it away later). Back to back, two pairs each:
-                // RocksDB background CPU 0.67-1.27 s -> 0.31-0.49 s in
-                // reversed, 1.34-2.06 s -> 0.88-1.13 s in shuffled, shuffled
-                // 29.5k/34.1k -> 35.5k/39.9k ops/s.
-                o.set_write_buffer_size(match cf {
-                    Cf::Ops | Cf::Projection => 8 << 20,
-                    Cf::Pending => 64 << 20,
-                    _ => 4 << 20,
-                });
+                o.set_write_buffer_size(if matches!(cf, Cf::Ops | Cf::Projection) { 8 << 20 } else { 4 << 20 });
                 // LZ4 everywhere: turning it off for the ciphertext column
                 // families measured no better (`tools/bench reversed`: 16.7k
                 // ops/s without, 19.7k with; noisy) and stores more bytes.
