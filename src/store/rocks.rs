@@ -36,6 +36,9 @@ impl RocksStore {
             .iter()
             .map(|cf| {
                 let mut o = Options::default();
+                // A 64 MiB pending memtable halved background CPU out of
+                // order but came with p99 stalls at half rate: reverted
+                // (ARCHITECTURE.md, "Memtables").
                 o.set_write_buffer_size(if matches!(cf, Cf::Ops | Cf::Projection) { 8 << 20 } else { 4 << 20 });
                 // LZ4 everywhere: turning it off for the ciphertext column
                 // families measured no better (`tools/bench reversed`: 16.7k
