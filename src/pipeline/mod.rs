@@ -452,7 +452,10 @@ fn orderer(
         if engine.cascade_remaining() {
             // A long cascade goes in parts of `commit_ops_max` woken ops, one
             // commit each, so the committer writes one part while the
-            // orderer judges the next; new input waits until it is done.
+            // orderer judges the next; new batches wait until it is done
+            // (the rest of the batch that started it was handled with it,
+            // each item adding to the same work list, which order does not
+            // change: a verdict depends only on the op and what is applied).
             engine.continue_cascade(now_ms());
         }
         while !engine.cascade_remaining() {
