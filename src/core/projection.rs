@@ -3,8 +3,8 @@
 
 
 use super::smt::{LeafId, Smt};
-use crate::protocol::crypto::{cell_path, sha256, sha256_tag_pair};
-use crate::protocol::{encode, Action, Cell, Hash, Lww, PublicKey};
+use crate::protocol::crypto::{cell_leaf, cell_path};
+use crate::protocol::{Action, Cell, Hash, Lww, PublicKey};
 
 #[derive(Clone, Debug)]
 pub struct CellSlot {
@@ -20,11 +20,6 @@ pub struct Projection {
     smt: Smt,
     /// Paths changed since the last `take_changed`, for the commit.
     changed: Vec<Hash>,
-}
-
-/// `H([0x00] || p || H(encoded cell))`.
-fn leaf_of(path: &Hash, encoded_cell: &[u8]) -> Hash {
-    sha256_tag_pair(0, path, &sha256(encoded_cell))
 }
 
 impl Projection {
@@ -70,7 +65,7 @@ impl Projection {
         touched.dedup();
         for path in &touched {
             let slot = self.cells.get_mut(path).expect("touched cell exists");
-            let leaf = leaf_of(path, &encode(&slot.cell));
+            let leaf = cell_leaf(path, &slot.cell);
             if slot.leaf == u32::MAX {
                 slot.leaf = self.smt.insert(*path, leaf);
             } else {
@@ -96,7 +91,7 @@ impl Projection {
     /// Restores a cell read back from the store (no fold is re-run).
     pub fn restore(&mut self, path: Hash, entity: String, key: Vec<u8>, cell: Cell) {
         assert_eq!(cell_path(&entity, &key), path, "a stored cell sits at its own path");
-        let leaf = self.smt.insert(path, leaf_of(&path, &encode(&cell)));
+        let leaf = self.smt.insert(path, cell_leaf(&path, &cell));
         self.cells.insert(path, CellSlot { entity, key, cell, leaf });
     }
 }

@@ -155,8 +155,7 @@ pub fn cell_path(entity: &str, key: &[u8]) -> Hash {
 
 /// `leaf = H([0x00] || p || H(borsh(cell)))`.
 pub fn cell_leaf(path: &Hash, cell: &Cell) -> Hash {
-    let inner = sha256(&encode(cell));
-    sha256_parts(&[&[0u8], path, &inner])
+    sha256_tag_pair(0, path, &sha256(&encode(cell)))
 }
 
 #[cfg(test)]

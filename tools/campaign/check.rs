@@ -190,7 +190,7 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
                         fresh.add_key(k);
                     }
                 }
-                for (id, v) in scan(&store, Cf::Ops).into_iter().filter_map(|(k, v)| Some((h32(&k)?, v))).chain(released.clone()) {
+                for (id, v) in scan(&store, Cf::Ops).into_iter().filter_map(|(k, v)| Some((h32(&k)?, v))).chain(released) {
                     let Ok(op) = decode_op(&v) else { continue };
                     fresh.handle_checked(VerifiedOp { id, op, bytes: v, pre: Default::default() }, true, 0);
                 }
