@@ -240,6 +240,8 @@ pub struct Stats {
     pub key_timeouts: u64,
     pub keys_accepted: u64,
     pub keys_ignored: u64,
+    /// SPEC §8 convergence checks made (the data heads were one op).
+    pub root_checks: u64,
     pub divergences: u64,
     pub events: u64,
     pub cascade_released: u64,
@@ -1145,6 +1147,7 @@ impl Engine {
                 s.dirty = true;
                 // SPEC §8 convergence check.
                 if s.data_heads.len() == 1 {
+                    self.stats.root_checks += 1;
                     let root = s.projection.root();
                     if root != p.root_hash {
                         s.divergences += 1;

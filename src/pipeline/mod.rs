@@ -660,6 +660,7 @@ fn publish_engine_stats(engine: &Engine) {
     gauge!("dagfold_engine_evicted_total").set(s.evicted as f64);
     gauge!("dagfold_engine_key_timeouts_total").set(s.key_timeouts as f64);
     gauge!("dagfold_engine_divergences_total").set(s.divergences as f64);
+    gauge!("dagfold_engine_root_checks_total").set(s.root_checks as f64);
     gauge!("dagfold_engine_cascade_released_total").set(s.cascade_released as f64);
     gauge!("dagfold_engine_malformed_total").set(s.malformed as f64);
     gauge!("dagfold_engine_bad_signature_total").set(s.bad_signature as f64);
