@@ -36,8 +36,8 @@ impl RocksStore {
         // flushed; meta and events take a few writes per commit and would
         // otherwise hold every WAL file up to RocksDB's derived bound (4 ×
         // the sum of all memtables, ~0.5 GiB). At 64 MiB RocksDB flushes
-        // them sooner: 300k causal ops left 43 MB of WAL instead of 225 MB
-        // (disk 158 MB against 340 MB) and restarted in 0.97 s, not 1.26 s.
+        // them sooner: 300k causal ops left 43–51 MB of WAL instead of 225
+        // MB (disk 158–165 MB against 340 MB), less for a restart to replay.
         opts.set_max_total_wal_size(64 << 20);
         let cfs: Vec<ColumnFamilyDescriptor> = Cf::ALL
             .iter()
