@@ -367,6 +367,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
     let cpu0 = a.node_pid.and_then(cpu_seconds);
+    let own_cpu0 = cpu_seconds(std::process::id());
     let lanes = a.connections.max(1) * a.streams.max(1);
     let sent = Arc::new(AtomicU64::new(0));
     // Send times of data frames by position (for latency), ms since t0.
@@ -504,6 +505,11 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         (Some(c0), Some(c1)) => Some((c1 - c0) / elapsed.as_secs_f64()),
         _ => None,
     };
+    // The sender shares the machine with the node: what it takes of it.
+    let own_cpu = match (own_cpu0, cpu_seconds(std::process::id())) {
+        (Some(c0), Some(c1)) => Some((c1 - c0) / elapsed.as_secs_f64()),
+        _ => None,
+    };
     let disk = a.data_dir.as_deref().map(dagfold::store::dir_bytes);
     let rss_tail_flat = if rss_series.len() > 10 {
         let half = &rss_series[rss_series.len() / 2..];
@@ -522,6 +528,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         "p99_ms": pct(0.99),
         "root_ok": root_ok,
         "node_cpu_cores": cpu,
+        "loadgen_cpu_cores": own_cpu,
         "peak_rss_bytes": a.node_pid.and_then(|p| proc_status_kb(p, "VmHWM:")).map(|k| k * 1024).or(Some(peak_rss_kb * 1024)),
         "rss_second_half_max_over_min": rss_tail_flat,
         "disk_bytes_per_op": disk.map(|d| d as f64 / a.ops as f64),
