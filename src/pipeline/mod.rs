@@ -603,8 +603,8 @@ const COMMIT_SLOTS: usize = 2;
 /// work ahead of the orderer (its queue is full under load) and lose nothing
 /// by waiting. A verifier is the first to yield the core, never starved:
 /// CFS still gives it about a tenth of a core against a busy thread, and all
-/// of whatever is idle. Shuffled, 200k ops: node CPU 1.61–1.66 → 1.74–1.82
-/// cores of 2 (ARCHITECTURE.md).
+/// of whatever is idle. Shuffled, 200k ops, this alone, three pairs: node
+/// CPU 1.55–1.66 → 1.71–1.78 cores of 2 (ARCHITECTURE.md).
 const VERIFIER_NICE: i32 = 10;
 
 /// The longest a busy node lets its published status lag behind its
