@@ -501,15 +501,11 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
     }
     lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
     let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).copied().unwrap_or(0.0);
-    let cpu = match (cpu0, a.node_pid.and_then(cpu_seconds)) {
-        (Some(c0), Some(c1)) => Some((c1 - c0) / elapsed.as_secs_f64()),
-        _ => None,
-    };
+    // Cores used over the timed phase, from CPU seconds before and after.
+    let cores = |c0: Option<f64>, c1: Option<f64>| Some((c1? - c0?) / elapsed.as_secs_f64());
+    let cpu = cores(cpu0, a.node_pid.and_then(cpu_seconds));
     // The sender shares the machine with the node: what it takes of it.
-    let own_cpu = match (own_cpu0, cpu_seconds(std::process::id())) {
-        (Some(c0), Some(c1)) => Some((c1 - c0) / elapsed.as_secs_f64()),
-        _ => None,
-    };
+    let own_cpu = cores(own_cpu0, cpu_seconds(std::process::id()));
     let disk = a.data_dir.as_deref().map(dagfold::store::dir_bytes);
     let rss_tail_flat = if rss_series.len() > 10 {
         let half = &rss_series[rss_series.len() / 2..];
