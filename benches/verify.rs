@@ -108,5 +108,22 @@ fn batch(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single, batch);
+/// Decompressing the `R` of 64 signatures: dalek one at a time, and
+/// `dagfold::protocol::decompress` (eight at a time where the CPU has IFMA).
+fn decompress(c: &mut Criterion) {
+    use curve25519_dalek::edwards::CompressedEdwardsY;
+    let rs: Vec<[u8; 32]> = items(64).iter().map(|(_, _, sig)| sig[..32].try_into().unwrap()).collect();
+    let mut g = c.benchmark_group("decompress R");
+    g.throughput(Throughput::Elements(rs.len() as u64));
+    g.bench_function("curve25519_dalek", |b| {
+        b.iter(|| assert!(black_box(&rs).iter().all(|r| CompressedEdwardsY(*r).decompress().is_some())))
+    });
+    let name = if dagfold::protocol::decompress::accelerated() { "dagfold (IFMA)" } else { "dagfold (dalek fallback)" };
+    g.bench_function(name, |b| {
+        b.iter(|| assert!(dagfold::protocol::decompress::decompress_many(black_box(&rs)).iter().all(|p| p.is_some())))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, single, batch, decompress);
 criterion_main!(benches);

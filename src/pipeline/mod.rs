@@ -565,7 +565,9 @@ fn orderer(
         }
         let statuses: Vec<ScopeStatus> = if want_status {
             last_status = Instant::now();
-            std::mem::take(&mut status_pending).iter().filter_map(|s| engine.status(s)).collect()
+            let v: Vec<ScopeStatus> = std::mem::take(&mut status_pending).iter().filter_map(|s| engine.status(s)).collect();
+            histogram!("dagfold_stage_seconds", "stage" => "status").record(last_status.elapsed().as_secs_f64());
+            v
         } else {
             Vec::new()
         };

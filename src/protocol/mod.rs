@@ -2,6 +2,7 @@
 pub mod codec;
 pub mod crypto;
 pub mod node;
+pub mod decompress;
 pub mod sig;
 pub mod types;
 
