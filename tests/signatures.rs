@@ -5,8 +5,8 @@ use curve25519_dalek::constants::EIGHT_TORSION;
 use curve25519_dalek::edwards::{CompressedEdwardsY, EdwardsPoint};
 use curve25519_dalek::scalar::Scalar;
 use dagfold::protocol::sig::{
-    is_canonical_encoding, public_key_from_seed, sign, verify, verify_batch, verify_batch_messages,
-    verify_message,
+    is_canonical_encoding, is_small_order_encoding, public_key_from_seed, sign, verify, verify_batch,
+    verify_batch_messages, verify_message,
 };
 use proptest::prelude::*;
 use sha2::{Digest, Sha512};
@@ -298,7 +298,8 @@ fn op_vector_signatures_verify() {
 }
 
 /// The byte-level canonical test equals "decompress, compress, compare" on
-/// every encoding that decompresses, around every boundary of the encoding.
+/// every encoding that decompresses, around every boundary of the encoding;
+/// on canonical ones, the byte-level small-order test equals dalek's.
 #[test]
 fn canonical_encoding_test_is_the_round_trip() {
     let check = |bytes: [u8; 32]| {
@@ -309,6 +310,9 @@ fn canonical_encoding_test_is_the_round_trip() {
                 "encoding {}",
                 hex::encode(bytes)
             );
+            if is_canonical_encoding(&bytes) {
+                assert_eq!(is_small_order_encoding(&bytes), point.is_small_order(), "small order of {}", hex::encode(bytes));
+            }
         }
     };
     let mut tried = 0u32;
@@ -337,6 +341,12 @@ fn canonical_encoding_test_is_the_round_trip() {
         let mut flipped = c;
         flipped[31] ^= 0x80;
         check(flipped);
+    }
+    // Points with a torsion component, and without.
+    for (i, t) in EIGHT_TORSION.iter().enumerate() {
+        let p = curve25519_dalek::constants::ED25519_BASEPOINT_POINT * Scalar::from(1000 + i as u64);
+        check((p + t).compress().to_bytes());
+        check(p.compress().to_bytes());
     }
     // Pseudo-random encodings.
     for i in 0u64..4096 {
