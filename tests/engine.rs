@@ -114,6 +114,50 @@ fn buffers_evict_oldest_first_and_count() {
     assert!(matches!(e.handle_frame(&data[0].frame, 0), Outcome::NotYet(_)));
 }
 
+/// Ops buffered and released again leave their age entries behind (they
+/// are dropped lazily); eviction must still take the oldest op still
+/// buffered, through rounds that trigger the compaction of those entries.
+#[test]
+fn eviction_takes_the_oldest_still_buffered_after_many_releases() {
+    let w = workload(WorkloadConfig { data_ops: 400, chain: true, writers: 1, ..Default::default() });
+    let cfg = Config { buffered_ops_per_scope_max: 20, buffered_ops_total_max: 20, ..Config::default() };
+    let mut e = Engine::new(cfg, node());
+    for m in w.messages.iter().filter(|m| !m.is_data) {
+        e.handle_frame(&m.frame, 0);
+    }
+    let data: Vec<_> = w.messages.iter().filter(|m| m.is_data).collect();
+    // Twenty rounds: 15 children parked, then their missing parent, which
+    // releases them all (300 dead age entries against at most 15 live).
+    for round in 0..20 {
+        let base = round * 16;
+        for m in &data[base + 1..base + 16] {
+            assert!(matches!(e.handle_frame(&m.frame, 0), Outcome::NotYet(_)));
+        }
+        assert_eq!(e.handle_frame(&data[base].frame, 0), Outcome::Applied);
+        assert_eq!(e.buffered_total().0, 0, "round {round} released everything");
+    }
+    assert_eq!(e.stats.evicted, 0);
+    // 41 orphans past a missing op: the 21 oldest go, in arrival order.
+    for m in &data[350..391] {
+        e.handle_frame(&m.frame, 0);
+    }
+    assert_eq!(e.stats.evicted, 21);
+    for (i, m) in data.iter().enumerate().take(391).skip(350) {
+        assert_eq!(e.op_state(&m.id) != OpState::Unknown, i >= 371, "op {i}: the oldest are evicted");
+    }
+    // The gap, then the evicted ops delivered again, release the rest.
+    for m in &data[320..350] {
+        assert_eq!(e.handle_frame(&m.frame, 0), Outcome::Applied);
+    }
+    assert_eq!(e.buffered_total().0, 20, "the kept 20 wait on an evicted op");
+    for m in &data[350..371] {
+        assert_eq!(e.handle_frame(&m.frame, 0), Outcome::Applied);
+    }
+    assert_eq!(e.buffered_total().0, 0);
+    let governance = w.messages.iter().filter(|m| !m.is_data && m.frame[0] == MESSAGE_OP).count();
+    assert_eq!(e.applied_total() as usize, governance + 391);
+}
+
 #[test]
 fn data_key_wait_expires_and_is_judged_afresh() {
     // k1 then a rotation to k2: data ops are encrypted with k2.

@@ -113,6 +113,45 @@ struct Buffered {
     pre: Option<Prepared>,
 }
 
+/// Buffered ops by age (`seq`), oldest first, for eviction. Removal is
+/// lazy: an entry is live while its op is buffered with that `seq`; dead
+/// entries leave at the front, or all at once when they come to outnumber
+/// the live ones (so the deque stays within about twice the buffer). A
+/// `BTreeMap<seq, id>` did the same with an insert and a remove per
+/// buffered op, searched from the root each time.
+#[derive(Default)]
+struct AgeOrder(VecDeque<(u64, Hash)>);
+
+impl AgeOrder {
+    fn is_live(buffered: &IdMap<Hash, Box<Buffered>>, (seq, id): &(u64, Hash)) -> bool {
+        buffered.get(id).is_some_and(|b| b.seq == *seq)
+    }
+
+    /// Appends an op just buffered with a new `seq` (`live`: how many ops
+    /// this order holds, this one included).
+    fn push(&mut self, seq: u64, id: Hash, live: u64, buffered: &IdMap<Hash, Box<Buffered>>) {
+        self.0.push_back((seq, id));
+        if self.0.len() as u64 > 2 * live + 64 {
+            self.0.retain(|e| Self::is_live(buffered, e));
+        }
+    }
+
+    /// The oldest live entry, dropping the dead ones before it.
+    fn oldest(&mut self, buffered: &IdMap<Hash, Box<Buffered>>) -> Option<Hash> {
+        while let Some(front) = self.0.front() {
+            if Self::is_live(buffered, front) {
+                return Some(front.1);
+            }
+            self.0.pop_front();
+        }
+        None
+    }
+
+    fn sort(&mut self) {
+        self.0.make_contiguous().sort_unstable();
+    }
+}
+
 /// Plaintext of buffered ops kept from the pipeline's decryptor, all scopes
 /// together; beyond, a buffered op keeps only its authorization and is
 /// decrypted again when released.
@@ -341,7 +380,7 @@ pub struct Scope {
     pub divergences: u64,
     pub event_seq: u64,
     /// Buffered ops of this scope by age, for eviction oldest first.
-    order: BTreeMap<u64, Hash>,
+    order: AgeOrder,
     dirty: bool,
 }
 
@@ -360,7 +399,7 @@ impl Scope {
             buffered_bytes: 0,
             divergences: 0,
             event_seq: 0,
-            order: BTreeMap::new(),
+            order: AgeOrder::default(),
             dirty: false,
         }
     }
@@ -493,7 +532,7 @@ pub struct Engine {
     cut_index: IdMap<Arc<[Hash]>, u32>,
     gov: Governance,
     dropped_order: VecDeque<(u64, Hash)>,
-    global_order: BTreeMap<u64, Hash>,
+    global_order: AgeOrder,
     buffered_bytes_total: u64,
     seq: u64,
     work: VecDeque<Hash>,
@@ -547,7 +586,7 @@ impl Engine {
             cut_index: IdMap::default(),
             gov: Governance::default(),
             dropped_order: VecDeque::new(),
-            global_order: BTreeMap::new(),
+            global_order: AgeOrder::default(),
             buffered_bytes_total: 0,
             seq: 1,
             work: VecDeque::new(),
@@ -916,7 +955,7 @@ impl Engine {
                         b.op = op;
                         b.bytes = bytes;
                         b.pre = pre;
-                        self.put_buffered(id, b);
+                        self.put_buffered(id, b, false);
                     }
                     prior => {
                         self.forget_prior(&id, prior.as_deref());
@@ -990,7 +1029,7 @@ impl Engine {
             BufKind::KeyWait => self.stats.buffered_key_wait += 1,
             BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
         }
-        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms, since_ms: now_ms, pre }));
+        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms, since_ms: now_ms, pre }), true);
         self.enforce_bounds(scope);
     }
 
@@ -1000,7 +1039,11 @@ impl Engine {
         s
     }
 
-    fn put_buffered(&mut self, id: Hash, mut b: Box<Buffered>) {
+    /// Registers a buffered op; `fresh` when its `seq` is new, not when it
+    /// goes back to the buffer it was just taken from (its age entries are
+    /// still in place: nothing between `take_buffered` and this call pops
+    /// or compacts them).
+    fn put_buffered(&mut self, id: Hash, mut b: Box<Buffered>, fresh: bool) {
         let kept = prepared_bytes(&b.pre);
         if kept > 0 && self.prepared_bytes_total + kept > PREPARED_BYTES_MAX {
             if let Some(p) = b.pre.as_mut() {
@@ -1012,11 +1055,15 @@ impl Engine {
         let s = &mut self.scopes[b.scope as usize];
         *s.count_mut(b.kind) += 1;
         s.buffered_bytes += b.bytes.len() as u64;
-        s.order.insert(b.seq, id);
-        self.global_order.insert(b.seq, id);
+        let (seq, scope, scope_ops) = (b.seq, b.scope as usize, s.buffered_ops());
         self.buffered_bytes_total += b.bytes.len() as u64;
         self.ops.insert(id, Entry::Buffered);
         self.buffered.insert(id, b);
+        if fresh {
+            let buffered = &self.buffered;
+            self.scopes[scope].order.push(seq, id, scope_ops, buffered);
+            self.global_order.push(seq, id, buffered.len() as u64, buffered);
+        }
     }
 
     /// Removes a buffered op from the buffer indexes (not from `ops`, the
@@ -1028,8 +1075,6 @@ impl Engine {
         let s = &mut self.scopes[b.scope as usize];
         *s.count_mut(b.kind) -= 1;
         s.buffered_bytes -= b.bytes.len() as u64;
-        s.order.remove(&b.seq);
-        self.global_order.remove(&b.seq);
         self.buffered_bytes_total -= b.bytes.len() as u64;
         Some(b)
     }
@@ -1060,15 +1105,15 @@ impl Engine {
     /// SPEC §7: what overflows is evicted oldest first and counted.
     fn enforce_bounds(&mut self, scope: u32) {
         loop {
-            let s = &self.scopes[scope as usize];
+            let s = &mut self.scopes[scope as usize];
             let victim = if s.buffered_ops() > self.cfg.buffered_ops_per_scope_max
                 || s.buffered_bytes > self.cfg.buffered_bytes_per_scope_max
             {
-                s.order.values().next().copied()
+                s.order.oldest(&self.buffered)
             } else if self.buffered.len() as u64 > self.cfg.buffered_ops_total_max
                 || self.buffered_bytes_total > self.cfg.buffered_bytes_total_max
             {
-                self.global_order.values().next().copied()
+                self.global_order.oldest(&self.buffered)
             } else {
                 return;
             };
@@ -1449,9 +1494,9 @@ impl Engine {
     }
 
     /// When the oldest buffered op was buffered (ms), for the age metric.
-    pub fn oldest_buffered_since_ms(&self) -> Option<u64> {
-        let id = self.global_order.values().next()?;
-        Some(self.buffered[id].since_ms)
+    pub fn oldest_buffered_since_ms(&mut self) -> Option<u64> {
+        let id = self.global_order.oldest(&self.buffered)?;
+        Some(self.buffered[&id].since_ms)
     }
 
     /// Per-scope event sequence numbers (the last one handed out).
@@ -1672,8 +1717,14 @@ impl Engine {
             e.put_buffered(
                 id,
                 Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None }),
+                true,
             );
         }
+        // The records were read in id order: age order is by seq.
+        for s in &mut e.scopes {
+            s.order.sort();
+        }
+        e.global_order.sort();
         // Ops whose dependency is a remembered drop go on to be dropped.
         let doomed: Vec<Hash> = e.waiters.keys().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
         for d in doomed {

@@ -715,7 +715,7 @@ impl WaitCounter {
     }
 }
 
-fn publish_engine_stats(engine: &Engine) {
+fn publish_engine_stats(engine: &mut Engine) {
     let s = &engine.stats;
     gauge!("dagfold_engine_applied_total").set(s.applied as f64);
     gauge!("dagfold_engine_evicted_total").set(s.evicted as f64);
