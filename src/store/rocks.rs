@@ -48,9 +48,16 @@ impl RocksStore {
                 // memtable, and the flush drops the put (RocksDB background
                 // CPU in shuffled 1.17–1.38 s → 0.84–1.01 s per 200k ops;
                 // ARCHITECTURE.md, "Memtables").
+                // Ops: 32 MiB. The ids are random, so every L0 → L1
+                // compaction rewrites all of L1, and how often it runs is
+                // set by the memtable size (four flushes each). 600k causal
+                // ops at 8 MiB, two runs: 49.0–49.3k ops/s, compaction CPU
+                // 3.97 s, 1.55–1.60 GB written; at 32 MiB, three runs
+                // paired with them: 60.0–64.3k ops/s, 1.23–1.57 s, 0.96–1.06
+                // GB (64 MiB: 61.5k; ARCHITECTURE.md, "Memtables").
                 o.set_write_buffer_size(match cf {
-                    Cf::Pending => 32 << 20,
-                    Cf::Ops | Cf::Projection => 8 << 20,
+                    Cf::Pending | Cf::Ops => 32 << 20,
+                    Cf::Projection => 8 << 20,
                     _ => 4 << 20,
                 });
                 // LZ4 everywhere: turning it off for the ciphertext column
