@@ -99,6 +99,10 @@ fn shuffled_duplicated_garbage_over_streams_and_connections() {
     assert_eq!(want["root"], hex::encode(w.final_root));
     assert!(wait_until(Duration::from_secs(60), || status_matches(&n, &want)), "node: {:?}\nwant: {want}", n.scope(&w.scope));
     assert!(n.metric("dagfold_net_frames_malformed_total") >= garbage.len() as f64);
+    // The node reports which decompression its verifiers use: IFMA on a CPU
+    // that has it (the self-test passing), dalek's otherwise.
+    let ifma = if dagfold::protocol::decompress::accelerated() { 1.0 } else { 0.0 };
+    assert_eq!(n.metric("dagfold_verify_ifma_decompression"), ifma);
 }
 
 /// Extra key deliveries so that `other` nodes can read the scope too.
