@@ -75,12 +75,12 @@ mod canonical {
     /// The low 255 bits of `bytes` as radix-2^52 limbs (limb 4 < 2^47), as
     /// dalek's `FieldElement::from_bytes` reads them (no reduction).
     pub fn limbs52_from_bytes(bytes: &[u8; 32]) -> [u64; 5] {
-        let w: [u64; 4] = std::array::from_fn(|i| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap()));
-        let w3 = w[3] & 0x7fff_ffff_ffff_ffff;
-        [w[0] & M52, (w[0] >> 52 | w[1] << 12) & M52, (w[1] >> 40 | w[2] << 24) & M52, (w[2] >> 28 | w3 << 36) & M52, w3 >> 16]
+        let mut w: [u64; 4] = std::array::from_fn(|i| u64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap()));
+        w[3] &= 0x7fff_ffff_ffff_ffff;
+        limbs52(&w)
     }
 
-    /// Limbs of a canonical value (< p) in radix 2^52.
+    /// Limbs of a value below 2^255 in radix 2^52.
     pub fn limbs52(w: &[u64; 4]) -> [u64; 5] {
         [w[0] & M52, (w[0] >> 52 | w[1] << 12) & M52, (w[1] >> 40 | w[2] << 24) & M52, (w[2] >> 28 | w[3] << 36) & M52, w[3] >> 16]
     }
@@ -110,11 +110,6 @@ mod canonical {
         [w[0] & M51, (w[0] >> 51 | w[1] << 13) & M51, (w[1] >> 38 | w[2] << 26) & M51, (w[2] >> 25 | w[3] << 39) & M51, (w[3] >> 12) & M51]
     }
 
-    /// A reduced value from its big-endian hex (for the curve constants).
-    pub fn from_hex_be(hex: &str) -> [u64; 4] {
-        let b = hex::decode(hex).expect("constant hex");
-        std::array::from_fn(|i| u64::from_be_bytes(b[24 - 8 * i..32 - 8 * i].try_into().unwrap()))
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -126,9 +121,10 @@ mod ifma {
     use curve25519_dalek::scalar::Scalar;
     use std::sync::OnceLock;
 
-    /// `d = -121665/121666` and `sqrt(-1)`, big-endian hex.
-    const D_HEX: &str = "52036cee2b6ffe738cc740797779e89800700a4d4141d8ab75eb4dca135978a3";
-    const SQRT_M1_HEX: &str = "2b8324804fc1df0b2b4d00993dfbd7a72f431806ad2fe478c4ee1b274a0ea0b0";
+    /// `d = -121665/121666` and `sqrt(-1)` (0x52036cee…978a3 and
+    /// 0x2b832480…0ea0b0), little-endian words; `field_checks` tests both.
+    const D: [u64; 4] = [0x75eb_4dca_1359_78a3, 0x0070_0a4d_4141_d8ab, 0x8cc7_4079_7779_e898, 0x5203_6cee_2b6f_fe73];
+    const SQRT_M1: [u64; 4] = [0xc4ee_1b27_4a0e_a0b0, 0x2f43_1806_ad2f_e478, 0x2b4d_0099_3dfb_d7a7, 0x2b83_2480_4fc1_df0b];
 
     /// Eight field elements, limb `i` of lane `j` in lane `j` of `self.0[i]`.
     /// Invariant between operations: limbs 0–3 below 2^52, limb 4 below
@@ -365,13 +361,13 @@ mod ifma {
         let one = constant(&[1, 0, 0, 0]);
         let yy = square(&y);
         let u = sub(&yy, &one);
-        let v = add_one(&mul(&yy, &constant(&canonical::from_hex_be(D_HEX))));
+        let v = add_one(&mul(&yy, &constant(&D)));
         let v3 = mul(&square(&v), &v);
         let v7 = mul(&square(&v3), &v);
         let uv3 = mul(&u, &v3);
         let r = mul(&uv3, &pow_p58(&mul(&u, &v7)));
         let check = mul(&v, &square(&r));
-        let r_i = mul(&r, &constant(&canonical::from_hex_be(SQRT_M1_HEX)));
+        let r_i = mul(&r, &constant(&SQRT_M1));
 
         let (u, check, r, r_i) = (store(&u), store(&check), store(&r), store(&r_i));
         let mut xs = [[0u64; 4]; 8];
@@ -422,11 +418,11 @@ mod ifma {
     pub(super) fn field_checks() {
         // SAFETY: the caller checked the CPU features.
         unsafe {
-            let s = constant(&canonical::from_hex_be(SQRT_M1_HEX));
+            let s = constant(&SQRT_M1);
             let sq = store(&mul(&s, &s));
             assert_eq!(canonical::from_limbs52(&sq[0]), canonical::neg(&[1, 0, 0, 0]), "sqrt(-1)^2 = -1");
             // d·121666 = -121665
-            let d = constant(&canonical::from_hex_be(D_HEX));
+            let d = constant(&D);
             let k = constant(&[121666, 0, 0, 0]);
             let dk = store(&mul(&d, &k));
             assert_eq!(canonical::from_limbs52(&dk[3]), canonical::neg(&[121665, 0, 0, 0]), "d = -121665/121666");
