@@ -11,7 +11,8 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion
 use dagfold::core::projection::Projection;
 use dagfold::core::{authorize_at, decode_frame, Cf, Config, Decoded, Engine, Identity, Write};
 use dagfold::durable::Durable;
-use dagfold::protocol::crypto::open_payload;
+use dagfold::protocol::crypto::{open_payload, sha256, sha256_tag_pair};
+use dagfold::protocol::sha_lanes::sha256_tag_pairs;
 use dagfold::protocol::*;
 use dagfold::store::rocks::RocksStore;
 use dagfold::store::Store;
@@ -99,6 +100,42 @@ fn stages(c: &mut Criterion) {
             })
         });
     }
+    // The shape of a loaded node: 40k cells, a root every ~200 ops of two
+    // actions (root checks and statuses), so the upper levels are shared.
+    let cells = 40_000u32;
+    let mut p = Projection::default();
+    for k in 0..cells {
+        p.apply(1, &[1; 32], &[Action::Put { entity: "e".into(), key: k.to_le_bytes().to_vec(), value: vec![1; 16] }]);
+    }
+    p.root();
+    let mut hlc = 2u64;
+    g.throughput(Throughput::Elements(200));
+    g.bench_function(format!("200 ops of 2 Puts + root at {cells} cells (per op)"), |b| {
+        b.iter(|| {
+            for _ in 0..200 {
+                hlc += 1;
+                let k = (hlc as u32).wrapping_mul(2_654_435_761) % cells;
+                let put = |k: u32| Action::Put { entity: "e".into(), key: k.to_le_bytes().to_vec(), value: vec![2; 16] };
+                p.apply(hlc, &[1; 32], &[put(k), put((k + 7919) % cells)]);
+            }
+            black_box(p.root())
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("tag pairs");
+    let pairs: Vec<(Hash, Hash)> = (0..64u32).map(|i| (sha256(&i.to_le_bytes()), sha256(&[i as u8, 1]))).collect();
+    g.throughput(Throughput::Elements(64));
+    g.bench_function("64 one by one (sha2)", |b| {
+        b.iter(|| pairs.iter().map(|(a, b)| sha256_tag_pair(1, a, b)[0]).fold(0u8, |x, y| x ^ y))
+    });
+    let mut out = Vec::new();
+    g.bench_function("64 four at a time (sha_lanes)", |b| {
+        b.iter(|| {
+            sha256_tag_pairs(1, black_box(&pairs), &mut out);
+            out[63]
+        })
+    });
     g.finish();
 
     let mut g = c.benchmark_group("rocksdb");
