@@ -30,16 +30,29 @@ pub fn sha256_parts(parts: &[&[u8]]) -> Hash {
 /// spent part of that on buffering and padding.
 pub fn sha256_tag_pair(tag: u8, a: &Hash, b: &Hash) -> Hash {
     use sha2::digest::generic_array::GenericArray;
-    const IV: [u32; 8] = [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
-    let mut blocks = [GenericArray::<u8, sha2::digest::consts::U64>::default(); 2];
-    blocks[0][0] = tag;
-    blocks[0][1..33].copy_from_slice(a);
-    blocks[0][33..64].copy_from_slice(&b[..31]);
-    blocks[1][0] = b[31];
-    blocks[1][1] = 0x80;
-    blocks[1][56..64].copy_from_slice(&(65u64 * 8).to_be_bytes());
-    let mut state = IV;
-    sha2::compress256(&mut state, &blocks);
+    let [b0, b1] = tag_pair_blocks(tag, a, b);
+    let mut state = SHA256_IV;
+    sha2::compress256(&mut state, &[GenericArray::from(b0), GenericArray::from(b1)]);
+    state_bytes(&state)
+}
+
+pub(crate) const SHA256_IV: [u32; 8] =
+    [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
+
+/// The two padded blocks of `tag || a || b` (65 bytes, length 520 bits).
+pub(crate) fn tag_pair_blocks(tag: u8, a: &Hash, b: &Hash) -> [[u8; 64]; 2] {
+    let mut bl = [[0u8; 64]; 2];
+    bl[0][0] = tag;
+    bl[0][1..33].copy_from_slice(a);
+    bl[0][33..64].copy_from_slice(&b[..31]);
+    bl[1][0] = b[31];
+    bl[1][1] = 0x80;
+    bl[1][56..64].copy_from_slice(&(65u64 * 8).to_be_bytes());
+    bl
+}
+
+/// A SHA-256 state as the digest bytes.
+pub(crate) fn state_bytes(state: &[u32; 8]) -> Hash {
     let mut out = [0u8; 32];
     for (o, w) in out.chunks_exact_mut(4).zip(state) {
         o.copy_from_slice(&w.to_be_bytes());

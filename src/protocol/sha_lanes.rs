@@ -15,28 +15,6 @@
 use super::crypto::sha256_tag_pair;
 use super::Hash;
 
-const IV: [u32; 8] = [0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19];
-
-/// The two padded blocks of `tag || a || b` (65 bytes, length 520 bits).
-fn blocks(tag: u8, a: &Hash, b: &Hash) -> [[u8; 64]; 2] {
-    let mut bl = [[0u8; 64]; 2];
-    bl[0][0] = tag;
-    bl[0][1..33].copy_from_slice(a);
-    bl[0][33..64].copy_from_slice(&b[..31]);
-    bl[1][0] = b[31];
-    bl[1][1] = 0x80;
-    bl[1][56..64].copy_from_slice(&(65u64 * 8).to_be_bytes());
-    bl
-}
-
-fn state_bytes(state: &[u32; 8]) -> Hash {
-    let mut out = [0u8; 32];
-    for (o, w) in out.chunks_exact_mut(4).zip(state) {
-        o.copy_from_slice(&w.to_be_bytes());
-    }
-    out
-}
-
 fn has_sha_ni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -76,7 +54,7 @@ pub fn sha256_tag_pairs(tag: u8, pairs: &[(Hash, Hash)], out: &mut Vec<Hash>) {
 
 #[cfg(target_arch = "x86_64")]
 mod ni {
-    use super::{blocks, state_bytes, IV};
+    use crate::protocol::crypto::{state_bytes, tag_pair_blocks as blocks, SHA256_IV as IV};
     use crate::protocol::Hash;
     use core::arch::x86_64::*;
 
