@@ -99,6 +99,15 @@ fn shuffled_duplicated_garbage_over_streams_and_connections() {
     assert_eq!(want["root"], hex::encode(w.final_root));
     assert!(wait_until(Duration::from_secs(60), || status_matches(&n, &want)), "node: {:?}\nwant: {want}", n.scope(&w.scope));
     assert!(n.metric("dagfold_net_frames_malformed_total") >= garbage.len() as f64);
+    // Verdicts are counted per op and added to the registry once per
+    // orderer round: each frame has exactly one, and every op was applied
+    // on arrival or parked first (this order parks nearly all).
+    let applied = want["applied"].as_u64().unwrap() as f64;
+    let verdict = |v: &str| n.metric(&format!("dagfold_received_total{{verdict=\"{v}\"}}"));
+    assert!(wait_until(Duration::from_secs(10), || n.metric("dagfold_received_total") == frames.len() as f64));
+    assert_eq!(verdict("applied") + verdict("pending"), applied);
+    assert_eq!(verdict("duplicate"), (frames.len() - all.len()) as f64);
+    assert!(n.metric("dagfold_received_total{verdict=\"duplicate\"}") > 0.0);
     // The node reports which decompression its verifiers use: IFMA on a CPU
     // that has it (the self-test passing), dalek's otherwise.
     let ifma = if dagfold::protocol::decompress::accelerated() { 1.0 } else { 0.0 };
