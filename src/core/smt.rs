@@ -160,23 +160,28 @@ impl Smt {
         self.paths.is_empty()
     }
 
+    /// Marks one branch dirty and lists it; false if it already was.
+    fn mark_dirty(&mut self, b: u32) -> bool {
+        let t = &mut self.topo[b as usize];
+        if t.dirty {
+            return false;
+        }
+        t.dirty = true;
+        self.dirty.push(b);
+        // The rehash reads this line: start the load now, overlapped with
+        // the rest of the walk.
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch has no effect on memory; the address is in bounds.
+        unsafe {
+            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(self.kids.as_ptr().add(b as usize) as *const i8);
+        }
+        true
+    }
+
     fn mark_dirty_up(&mut self, mut b: u32) {
-        while b != NONE {
-            let t = &mut self.topo[b as usize];
-            if t.dirty {
-                return;
-            }
-            t.dirty = true;
-            let parent = t.parent;
-            self.dirty.push(b);
-            // The rehash reads this line: start the load now, overlapped
-            // with the rest of the walk.
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch has no effect on memory; the address is in bounds.
-            unsafe {
-                use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch::<_MM_HINT_T0>(self.kids.as_ptr().add(b as usize) as *const i8);
-            }
+        while b != NONE && self.mark_dirty(b) {
+            let parent = self.topo[b as usize].parent;
             b = if parent == NONE { NONE } else { parent & !SIDE };
         }
     }
@@ -217,15 +222,11 @@ impl Smt {
         let pending = std::mem::take(&mut self.pending);
         for &(leaf, leaf_hash) in &pending {
             let parent = self.leaf_parent[leaf as usize];
-            if parent == NONE {
-                self.root_hash = leaf_hash;
-                continue;
-            }
-            let (p, s) = unlink(parent);
-            let slot = &mut self.kids[p].0[s];
-            if *slot != leaf_hash {
-                *slot = leaf_hash;
-                self.mark_dirty_up(p as u32);
+            if self.slot(parent) != leaf_hash {
+                self.store(parent, leaf_hash);
+                if parent != NONE {
+                    self.mark_dirty_up(parent & !SIDE);
+                }
             }
         }
         self.pending = pending;
@@ -279,10 +280,7 @@ impl Smt {
             let t = &mut self.topo[r as usize];
             t.parent = link(branch, 1 - side);
             t.seen = (diff + 1) as u8;
-            if !t.dirty {
-                t.dirty = true;
-                self.dirty.push(r);
-            }
+            self.mark_dirty(r);
         }
         self.leaf_parent[leaf as usize] = link(branch, side);
         let seen = if parent == NONE { 0 } else { (self.topo[unlink(parent).0].bit + 1) as u8 };
