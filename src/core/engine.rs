@@ -1267,6 +1267,11 @@ impl Engine {
 
     // ----- outputs ------------------------------------------------------
 
+    /// Ops applied since the last `take_commit`.
+    pub fn applied_in_commit(&self) -> usize {
+        self.out.applied.len()
+    }
+
     /// Everything changed since the last call, as one atomic batch.
     pub fn take_commit(&mut self) -> Commit {
         if !self.cancelled_buffer_puts.is_empty() {

@@ -93,7 +93,8 @@ pub struct NodeArgs {
     /// Network (tokio) threads [default: 1]
     #[arg(long)]
     pub network_threads: Option<usize>,
-    /// Ops folded into one commit at most (group commit) [default: 4096]
+    /// Applied ops folded into one commit at most (group commit); a commit
+    /// also closes at 4x as many received ops when most park [default: 4096]
     #[arg(long)]
     pub commit_ops_max: Option<usize>,
     /// `durable` (default): the WAL is synced before anything is emitted;

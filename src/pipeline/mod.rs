@@ -472,7 +472,8 @@ fn orderer(
     while open || engine.cascade_remaining() {
         // Group commit: keep folding batches into this commit while the
         // previous one still waits for the committer (a slot is taken), up
-        // to `commit_ops_max`; hand it over as soon as none waits.
+        // to `commit_ops_max` applied ops (`COMMIT_ITEMS_FACTOR`); hand it
+        // over as soon as none waits.
         let mut ops_in_commit = 0usize;
         let t = Instant::now();
         if engine.cascade_remaining() {
@@ -504,7 +505,11 @@ fn orderer(
                     break;
                 }
             }
-            if ops_in_commit == 0 || ops_in_commit >= commit_ops_max || commit_tx.is_empty() {
+            if ops_in_commit == 0
+                || engine.applied_in_commit() >= commit_ops_max
+                || ops_in_commit >= COMMIT_ITEMS_FACTOR * commit_ops_max
+                || commit_tx.is_empty()
+            {
                 break;
             }
         }
@@ -599,6 +604,14 @@ fn orderer(
         last_received = Instant::now();
     }
 }
+
+/// A commit closes at `commit_ops_max` applied ops, or at this many times
+/// as many received items when most of them park, are duplicates or drop.
+/// In order, every item applies and the commit size is unchanged; out of
+/// order, a bigger commit releases more of the ops it parked, whose pending
+/// put and delete then cancel (`Engine::take_commit`) instead of both going
+/// to the WAL.
+const COMMIT_ITEMS_FACTOR: usize = 4;
 
 /// Commits built and not yet taken by the committer, at most (see `start`).
 const COMMIT_SLOTS: usize = 2;
