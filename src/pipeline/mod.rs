@@ -474,7 +474,7 @@ fn orderer(
         // previous one still waits for the committer (a slot is taken), up
         // to `commit_ops_max` applied ops (`COMMIT_ITEMS_FACTOR`); hand it
         // over as soon as none waits.
-        let mut ops_in_commit = 0usize;
+        let mut items_in_commit = 0usize;
         let t = Instant::now();
         if engine.cascade_remaining() {
             // A long cascade goes in parts of `commit_ops_max` woken ops, one
@@ -486,7 +486,7 @@ fn orderer(
             engine.continue_cascade(now_ms());
         }
         while !engine.cascade_remaining() {
-            let wait = if ops_in_commit == 0 { Duration::from_millis(tick_ms) } else { Duration::from_micros(200) };
+            let wait = if items_in_commit == 0 { Duration::from_millis(tick_ms) } else { Duration::from_micros(200) };
             let t_recv = Instant::now();
             let got = rx.recv_timeout(wait);
             waited_input.increment(t_recv.elapsed());
@@ -494,7 +494,7 @@ fn orderer(
                 Ok(batch) => {
                     gate.release(batch.bytes());
                     last_received = last_received.min(batch.received);
-                    ops_in_commit += batch.items.len();
+                    items_in_commit += batch.items.len();
                     for item in batch.items {
                         handle_item(engine, item, &shared, &mut origins, &mut hosts);
                     }
@@ -505,9 +505,9 @@ fn orderer(
                     break;
                 }
             }
-            if ops_in_commit == 0
+            if items_in_commit == 0
                 || engine.applied_in_commit() >= commit_ops_max
-                || ops_in_commit >= COMMIT_ITEMS_FACTOR * commit_ops_max
+                || items_in_commit >= COMMIT_ITEMS_FACTOR * commit_ops_max
                 || commit_tx.is_empty()
             {
                 break;
