@@ -23,6 +23,20 @@ fn items(n: usize) -> Vec<Item> {
         .collect()
 }
 
+/// `n` honest signatures by four keys, in turn, over distinct messages: the
+/// node's batches in the benchmark workloads (four writers), whose terms of
+/// one key `dagfold::protocol::sig` merges.
+fn items_four_keys(n: usize) -> Vec<Item> {
+    let seeds: Vec<[u8; 32]> = (0..4u64).map(|k| Sha512::digest(k.to_be_bytes())[..32].try_into().unwrap()).collect();
+    (0..n as u64)
+        .map(|i| {
+            let seed = seeds[(i % 4) as usize];
+            let msg: [u8; 32] = Sha512::digest(i.to_le_bytes())[32..].try_into().unwrap();
+            (public_key_from_seed(&seed), msg, sign(&seed, &msg))
+        })
+        .collect()
+}
+
 fn single(c: &mut Criterion) {
     let (pk, msg, sig) = items(1)[0];
     let mut g = c.benchmark_group("single");
@@ -44,15 +58,7 @@ fn single(c: &mut Criterion) {
 
 fn batch(c: &mut Criterion) {
     let mut g = c.benchmark_group("batch");
-    for n in [16usize, 64, 256] {
-        let batch = items(n);
-        g.throughput(Throughput::Elements(n as u64));
-        g.bench_with_input(
-            BenchmarkId::new("dagfold_verify_batch", n),
-            &batch,
-            |b, batch| b.iter(|| assert!(verify_batch(black_box(batch)).iter().all(|&v| v))),
-        );
-    }
+    own_batches(&mut g, &[16, 64, 256], items);
 
     let n = 64;
     let batch = items(n);
@@ -108,6 +114,25 @@ fn batch(c: &mut Criterion) {
     g.finish();
 }
 
+/// Batches as the node makes them under load (four writers): per signature
+/// by batch size, for `PipelineConfig::verify_batch_max`.
+fn batch_four_keys(c: &mut Criterion) {
+    let mut four = c.benchmark_group("batch_four_keys");
+    own_batches(&mut four, &[64, 256, 512, 1024], items_four_keys);
+    four.finish();
+}
+
+/// `dagfold::protocol::sig::verify_batch` of batches of each size.
+fn own_batches(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, sizes: &[usize], make: fn(usize) -> Vec<Item>) {
+    for &n in sizes {
+        let batch = make(n);
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_with_input(BenchmarkId::new("dagfold_verify_batch", n), &batch, |b, batch| {
+            b.iter(|| assert!(verify_batch(black_box(batch)).iter().all(|&v| v)))
+        });
+    }
+}
+
 /// Decompressing the `R` of 64 signatures: dalek one at a time, and
 /// `dagfold::protocol::decompress` (eight at a time where the CPU has IFMA).
 fn decompress(c: &mut Criterion) {
@@ -125,5 +150,5 @@ fn decompress(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single, batch, decompress);
+criterion_group!(benches, single, batch, batch_four_keys, decompress);
 criterion_main!(benches);

@@ -93,15 +93,19 @@ const ORDER_QUEUE_BYTES_MAX: u64 = 32 << 20;
 pub struct PipelineConfig {
     pub verifier_threads: usize,
     /// Ops per signature batch at most (the batcher takes what is queued,
-    /// so a light load makes small batches). 256: past ~190 points the
+    /// so a light load makes small batches). Past ~190 points the
     /// multiscalar multiplication switches from Straus to Pippenger, ~20%
     /// less per signature (`cargo bench --bench verify`: 36k/s at 64, 44k/s
-    /// at 256 with distinct keys); in the node, causal, 7-23% less verifier
-    /// CPU than at 64, half-rate p99 unchanged.
+    /// at 256 with distinct keys; in the node, causal, 7-23% less verifier
+    /// CPU than at 64, half-rate p99 unchanged), and Pippenger's windows
+    /// widen with the batch: with four keys (`batch_four_keys`, session 11)
+    /// 200k/s at 256, 215k/s at 512, 222k/s at 1024. 512 takes most of
+    /// that while a batch with a forgery in it, bisected, still re-verifies
+    /// only 512 ops (~2.4 ms of a verifier at most).
     pub verify_batch_max: usize,
     /// Batches queued between two stages. 4: enough to keep every stage
     /// busy across a verifier's batch, small enough to bound memory at
-    /// ~4 × 256 × frame size per channel.
+    /// ~4 × 512 × frame size per channel.
     pub stage_queue_batches: usize,
     /// Ops the orderer folds into one commit at most (group commit): the
     /// WAL sync (~90 µs) is shared by them. Also the woken ops a cascade
@@ -124,7 +128,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             verifier_threads: 2,
-            verify_batch_max: 256,
+            verify_batch_max: 512,
             stage_queue_batches: 4,
             commit_ops_max: 4096,
             sync: true,
