@@ -93,7 +93,8 @@ const ORDER_QUEUE_BYTES_MAX: u64 = 32 << 20;
 pub struct PipelineConfig {
     pub verifier_threads: usize,
     /// Ops per signature batch at most (the batcher takes what is queued,
-    /// so a light load makes small batches). Past ~190 points the
+    /// lingering up to `BATCH_LINGER` while it has fewer than
+    /// `BATCH_LINGER_UNTIL`). Past ~190 points the
     /// multiscalar multiplication switches from Straus to Pippenger, ~20%
     /// less per signature (`cargo bench --bench verify`: 36k/s at 64, 44k/s
     /// at 256 with distinct keys; in the node, causal, 7-23% less verifier
