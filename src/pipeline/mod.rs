@@ -495,8 +495,9 @@ fn orderer(
         // to `commit_ops_max` applied ops (`COMMIT_ITEMS_FACTOR`); hand it
         // over as soon as none waits.
         let mut items_in_commit = 0usize;
-        let t = Instant::now();
-        if engine.cascade_remaining() {
+        let mut t = Instant::now();
+        let cascaded = engine.cascade_remaining();
+        if cascaded {
             // A long cascade goes in parts of `commit_ops_max` woken ops, one
             // commit each, so the committer writes one part while the
             // orderer judges the next; new batches wait until it is done
@@ -506,10 +507,18 @@ fn orderer(
             engine.continue_cascade(now_ms());
         }
         while !engine.cascade_remaining() {
-            let wait = if items_in_commit == 0 { Duration::from_millis(tick_ms) } else { Duration::from_micros(200) };
+            // Idle, wait for input up to a tick; with work in hand (folded
+            // items, or the last part of a cascade just judged), only
+            // briefly, so that it is committed at once when nothing comes.
+            let idle = items_in_commit == 0 && !cascaded;
+            let wait = if idle { Duration::from_millis(tick_ms) } else { Duration::from_micros(200) };
             let t_recv = Instant::now();
             let got = rx.recv_timeout(wait);
             waited_input.increment(t_recv.elapsed());
+            if idle {
+                // The step's time (the "order" stage) starts with its work.
+                t = Instant::now();
+            }
             match got {
                 Ok(batch) => {
                     gate.release(batch.bytes());
