@@ -112,6 +112,13 @@ fn shuffled_duplicated_garbage_over_streams_and_connections() {
     // that has it (the self-test passing), dalek's otherwise.
     let ifma = if dagfold::protocol::decompress::accelerated() { 1.0 } else { 0.0 };
     assert_eq!(n.metric("dagfold_verify_ifma_decompression"), ifma);
+    // Every store write's WAL and memtable time is recorded (a slow commit
+    // is then either the disk's sync or the memtable), and the WAL, synced,
+    // took some time. (A commit with nothing to write writes nothing.)
+    let (commits, writes) = (n.metric("dagfold_commit_seconds_count"), n.metric("dagfold_store_wal_seconds_count"));
+    assert!(writes > 0.0 && writes <= commits, "{writes} store writes, {commits} commits");
+    assert_eq!(n.metric("dagfold_store_memtable_seconds_count"), writes);
+    assert!(n.metric("dagfold_store_wal_seconds_sum") > 0.0);
 }
 
 /// Extra key deliveries so that `other` nodes can read the scope too.

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use metrics::histogram;
 use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 
 use super::{Store, StoreError};
@@ -186,7 +187,22 @@ impl Store for RocksStore {
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
-        if let Err(e) = self.db.write_opt(batch, &wo) {
+        // The WAL's share of the write (append and, when syncing, the
+        // fdatasync), from RocksDB's per-thread perf context: a commit is
+        // slow either here (the disk) or in the memtable (CPU). On this
+        // machine kind a sync now and then takes 100–400 ms where it
+        // usually takes ~1 ms, and the whole pipeline waits behind it
+        // (ARCHITECTURE.md, "Latency").
+        rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::EnableTime);
+        let mut perf = rocksdb::perf::PerfContext::default();
+        perf.reset();
+        let written = self.db.write_opt(batch, &wo);
+        let wal_ns = perf.metric(rocksdb::perf::PerfMetric::WriteWalTime);
+        let memtable_ns = perf.metric(rocksdb::perf::PerfMetric::WriteMemtableTime);
+        rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::Disable);
+        histogram!("dagfold_store_wal_seconds").record(wal_ns as f64 / 1e9);
+        histogram!("dagfold_store_memtable_seconds").record(memtable_ns as f64 / 1e9);
+        if let Err(e) = written {
             self.failed = Some(e.to_string());
             return Err(e.into());
         }
