@@ -36,7 +36,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Send a generated scope to a node and measure it.
+    /// Send a generated scope to a node and measure it. Prints JSON: ops/s,
+    /// p50/p99 from send to applied, longest_stall_ms (the longest the
+    /// applied count stood still while sent ops waited, and when:
+    /// longest_stall_at_s), the node's CPU and peak RSS, disk bytes per op,
+    /// the root check.
     Run(RunArgs),
     /// Write a generated scope as a frames file (u32 LE length, then the
     /// message) for `dagfold import`, for a node with the given keys.
