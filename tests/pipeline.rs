@@ -28,7 +28,7 @@ fn the_last_part_of_a_cascade_commits_without_waiting_for_input() {
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id), MemStore::new(), rx, Box::new(|_| {}));
     let (prefix, data): (Vec<_>, Vec<_>) = w.messages.iter().partition(|m| !m.is_data);
-    let expected = w.messages.iter().filter(|m| m.id != [0u8; 32]).count() as u64;
+    let expected = w.messages.iter().filter(|m| m.id != dagfold::protocol::ZERO).count() as u64;
     for m in prefix.iter().chain(data.iter().rev()) {
         tx.blocking_send(work_of(&m.frame)).unwrap();
     }

@@ -496,7 +496,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
     let mut s = 0;
     let valid_data = a.ops as u64;
     for (rank, (sent_us, _)) in order.iter().enumerate() {
-        let target = ((rank as u64 + 1) * valid_data).div_ceil(n_data as u64);
+        let target = applied_by(rank as u64 + 1, valid_data, n_data);
         while s < samples.len() && samples[s].1 < target {
             s += 1;
         }
@@ -545,6 +545,13 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
     Ok(report)
 }
 
+/// How many ops count as due once `sent` of `frames` frames went out, when
+/// `valid` of them apply: the frames in send order stand for the applied
+/// ops in equal shares (exact in causal order without invalid frames).
+fn applied_by(sent: u64, valid: u64, frames: usize) -> u64 {
+    (sent * valid).div_ceil(frames.max(1) as u64)
+}
+
 /// The longest interval between two samples of the applied count with no
 /// progress while more had been sent than applied, in ms, and when it began
 /// (seconds from the start). `samples`: (µs, applied); `sends`: (µs, frame),
@@ -553,7 +560,7 @@ fn longest_stall(samples: &[(u64, u64)], sends: &[(u64, usize)], valid: u64) -> 
     let mut best = (0u64, 0u64);
     let mut since: Option<(u64, u64)> = None;
     for &(t, applied) in samples {
-        let sent = (sends.partition_point(|s| s.0 <= t) as u64 * valid).div_ceil(sends.len().max(1) as u64);
+        let sent = applied_by(sends.partition_point(|s| s.0 <= t) as u64, valid, sends.len());
         match since {
             Some((t0, a0)) if applied == a0 => {
                 if t - t0 > best.0 {
