@@ -47,3 +47,40 @@ fn the_last_part_of_a_cascade_commits_without_waiting_for_input() {
     drop(tx);
     pipeline.join();
 }
+
+/// A peer's heartbeat with our heads is compared with our root as of that
+/// point of the input: the fold of the ops before it, made on the
+/// projector thread after the orderer, not of the ops that follow it in
+/// the same commit. The author's root at that point counts no divergence,
+/// another root one.
+#[test]
+fn a_heartbeat_is_compared_with_the_root_at_its_point_of_the_input() {
+    let id = Identity::from_secrets([23; 32], [24; 32]);
+    let w = generate(&WorkloadConfig { data_ops: 60, chain: true, ..Default::default() }, id.public_key, id.kem_public);
+    let (prefix, data): (Vec<_>, Vec<_>) = w.messages.iter().partition(|m| !m.is_data);
+    let (before, after) = data.split_at(30);
+    // The state after the first 30 ops, folded by an engine of its own.
+    let mut inline = Engine::new(Config::default(), id.clone());
+    for m in prefix.iter().chain(before) {
+        inline.handle_frame(&m.frame, 0);
+    }
+    let st = inline.status(&w.scope).expect("genesis applied");
+    let heads: Vec<_> = st.data_heads.iter().chain(&st.governance_heads).copied().collect();
+    let peer: std::net::SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let pipeline = Pipeline::start(PipelineConfig { applied_bytes: false, ..Default::default() }, Engine::new(Config::default(), id), MemStore::new(), rx, Box::new(|_| {}));
+    for m in prefix.iter().chain(before) {
+        tx.blocking_send(work_of(&m.frame)).unwrap();
+    }
+    tx.blocking_send(Work::Heads { peer, scope: w.scope, heads: heads.clone(), root: st.root }).unwrap();
+    tx.blocking_send(Work::Heads { peer, scope: w.scope, heads, root: [9; 32] }).unwrap();
+    for m in after {
+        tx.blocking_send(work_of(&m.frame)).unwrap();
+    }
+    drop(tx);
+    let shared = pipeline.shared.clone();
+    pipeline.join();
+    assert_eq!(shared.divergences_heartbeat.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let published = shared.status.read().unwrap().get(&w.scope).cloned().expect("published");
+    assert_eq!(published.root, w.final_root);
+}

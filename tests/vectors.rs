@@ -3,7 +3,12 @@
 mod common;
 
 use common::*;
-use dagfold::core::{Config, Engine, EventOut};
+use std::sync::{Arc, Mutex};
+
+use dagfold::core::{decode_frame, Cf, Config, Decoded, Engine, EventOut, ScopeReport, TableScan, Write};
+use dagfold::pipeline::{Pipeline, PipelineConfig, Work};
+use dagfold::store::memory::MemStore;
+use dagfold::store::{Store, StoreError};
 use dagfold::protocol::codec::{decode_cell, decode_data_payload, decode_gov_payload, decode_op, op_body};
 use dagfold::protocol::crypto::*;
 use dagfold::protocol::*;
@@ -72,6 +77,78 @@ fn scenarios_shuffled_and_duplicated() {
             check_scenario(&path, &shuffled_only, true);
             check_scenario(&path, &order, false);
         }
+    }
+}
+
+/// A store the test keeps a handle on while the pipeline owns it.
+#[derive(Clone, Default)]
+struct SharedStore(Arc<Mutex<MemStore>>);
+
+impl TableScan for SharedStore {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) {
+        self.0.lock().unwrap().scan(cf, f)
+    }
+}
+
+impl Store for SharedStore {
+    fn write(&mut self, writes: &[Write], sync: bool) -> Result<(), StoreError> {
+        self.0.lock().unwrap().write(writes, sync)
+    }
+
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.0.lock().unwrap().get(cf, key)
+    }
+}
+
+/// Every scenario through the node's pipeline, where the fold runs on the
+/// projector thread after the orderer: what it publishes (statuses, with
+/// the projector's roots), what it makes durable (read back by a fresh
+/// engine: cells, heads, verdicts, the divergences the projector counted
+/// into the scope records) and the events it hands out equal the
+/// scenario's expectation. Data ops waiting in memory for a key are not
+/// durable, so they are left out of the comparison with the store.
+#[test]
+fn scenarios_through_the_pipeline() {
+    for path in scenario_files() {
+        let scn = load_json(path.strip_prefix(vectors_dir()).unwrap().to_str().unwrap());
+        let name = scn["name"].as_str().unwrap().to_owned();
+        let store = SharedStore::default();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        let cfg = PipelineConfig { applied_bytes: false, ..Default::default() };
+        let ev = events.clone();
+        let on_durable = Box::new(move |d: dagfold::pipeline::Durable| ev.lock().unwrap().extend(d.events));
+        let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), node_identity(&scn)), store.clone(), rx, on_durable);
+        for m in messages(&scn) {
+            let work = match decode_frame(&m) {
+                Ok(Decoded::Op { id, op, bytes }) => Work::Op { id, op, bytes, origin: 1, host: None },
+                Ok(Decoded::Key(kd)) => Work::Key(kd),
+                Err(_) => Work::Malformed,
+            };
+            tx.blocking_send(work).unwrap();
+        }
+        drop(tx);
+        let shared = pipeline.shared.clone();
+        pipeline.join();
+        let mut restored = Engine::restore(Config::default(), node_identity(&scn), &store, None, 0);
+        restored.take_commit();
+        for want in scn["expect"]["scopes"].as_array().unwrap().iter().map(expected_report) {
+            let mut want = want;
+            want.data_key_waiting.clear();
+            let got = restored.report(&want.scope).unwrap_or(ScopeReport { scope: want.scope, ..Default::default() });
+            assert_eq!(got, want, "{name}: scope {} as stored by the pipeline", hex::encode(want.scope));
+            let status = shared.status.read().unwrap().get(&want.scope).cloned();
+            if let Some(st) = status {
+                assert_eq!(st.root, want.root, "{name}: published root");
+                assert_eq!(st.applied, want.applied.len() as u64, "{name}: published applied");
+                assert_eq!(st.data_heads, want.data_heads, "{name}: published data heads");
+            } else {
+                assert!(want.applied.is_empty(), "{name}: a scope with applied ops has a status");
+            }
+        }
+        let mut got: Vec<_> = events.lock().unwrap().drain(..).map(|e| (e.scope, e.op, e.kind, e.data)).collect();
+        got.sort();
+        assert_eq!(got, expected_events(&scn), "{name}: events");
     }
 }
 

@@ -14,7 +14,7 @@ use borsh::{BorshDeserialize, BorshSerialize};
 
 use super::cold::{ColdOps, IdFilter};
 use super::governance::{GovNode, GovState, Governance};
-use super::projection::Projection;
+use super::projector::{Check, Fold, Projector};
 use super::{IdMap, IdSet};
 use crate::limits;
 use crate::protocol::codec::{decode_data_payload, decode_gov_payload, decode_message, decode_op, op_body};
@@ -240,11 +240,17 @@ pub struct Commit {
     /// This commit's number (consecutive from 0 per engine): the driver
     /// reports it back through `Engine::note_durable` once it is written.
     pub number: u64,
+    /// Data ops applied, in apply order, for a projector outside the engine
+    /// (`Engine::take_projector`); empty when the engine folds them itself.
+    pub folds: Vec<Fold>,
+    /// Records of the scopes this commit changed, written by
+    /// `Projector::finish_commit` with their divergence counts.
+    pub records: Vec<(Hash, ScopeRecord)>,
 }
 
 impl Commit {
     pub fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.events.is_empty()
+        self.writes.is_empty() && self.events.is_empty() && self.folds.is_empty() && self.records.is_empty()
     }
 }
 
@@ -371,13 +377,11 @@ pub struct Scope {
     pub genesis_applied: bool,
     pub gov_heads: BTreeSet<Hash>,
     pub data_heads: BTreeSet<Hash>,
-    pub projection: Projection,
     pub applied: u64,
     pub pending: u64,
     pub key_waiting: u64,
     pub data_key_waiting: u64,
     pub buffered_bytes: u64,
-    pub divergences: u64,
     pub event_seq: u64,
     /// Buffered ops of this scope by age, for eviction oldest first.
     order: AgeOrder,
@@ -391,13 +395,11 @@ impl Scope {
             genesis_applied: false,
             gov_heads: BTreeSet::new(),
             data_heads: BTreeSet::new(),
-            projection: Projection::default(),
             applied: 0,
             pending: 0,
             key_waiting: 0,
             data_key_waiting: 0,
             buffered_bytes: 0,
-            divergences: 0,
             event_seq: 0,
             order: AgeOrder::default(),
             dirty: false,
@@ -417,15 +419,16 @@ impl Scope {
     }
 }
 
-/// The per-scope record in `Cf::Meta` (key `scope/` ‖ id).
-#[derive(BorshSerialize, BorshDeserialize)]
-struct ScopeRecord {
-    genesis_applied: bool,
-    gov_heads: Vec<Hash>,
-    data_heads: Vec<Hash>,
-    applied: u64,
-    divergences: u64,
-    event_seq: u64,
+/// The per-scope record in `Cf::Meta` (key `scope/` ‖ id). The engine
+/// fills all but `divergences`, which the projector counts and fills.
+#[derive(Clone, Debug, BorshSerialize, BorshDeserialize)]
+pub struct ScopeRecord {
+    pub genesis_applied: bool,
+    pub gov_heads: Vec<Hash>,
+    pub data_heads: Vec<Hash>,
+    pub applied: u64,
+    pub divergences: u64,
+    pub event_seq: u64,
 }
 
 pub const META_IDENTITY: &[u8] = b"identity";
@@ -556,10 +559,14 @@ pub struct Engine {
     durable_through: Option<u64>,
     /// Woken ops judged per call at most (`set_cascade_budget`).
     cascade_budget: u64,
+    /// The fold, when the engine runs it itself; `None` once a driver took
+    /// it to run after the engine (`take_projector`): applied data ops then
+    /// leave in `Commit::folds`.
+    projector: Option<Projector>,
     pub stats: Stats,
 }
 
-fn scope_meta_key(scope: &Hash) -> Vec<u8> {
+pub(crate) fn scope_meta_key(scope: &Hash) -> Vec<u8> {
     [META_SCOPE_PREFIX, scope.as_slice()].concat()
 }
 
@@ -600,6 +607,7 @@ impl Engine {
             commit_number: 0,
             durable_through: None,
             cascade_budget: u64::MAX,
+            projector: Some(Projector::default()),
             stats: Stats::default(),
         };
         e.intern_cut(&[]);
@@ -1183,28 +1191,19 @@ impl Engine {
             }
             Decrypted::Data(p) => {
                 let s = &mut self.scopes[scope as usize];
-                s.projection.apply(op.hlc, &op.author, &p.actions);
                 for parent in &op.parents {
                     s.data_heads.remove(parent);
                 }
                 s.data_heads.insert(id);
                 s.applied += 1;
                 s.dirty = true;
-                // SPEC §8 convergence check.
-                if s.data_heads.len() == 1 {
-                    self.stats.root_checks += 1;
-                    let root = s.projection.root();
-                    if root != p.root_hash {
-                        s.divergences += 1;
-                        self.stats.divergences += 1;
-                        eprintln!(
-                            "dagfold: divergence in scope {} after op {}: local root {}, author's {}",
-                            hex::encode(s.id),
-                            hex::encode(id),
-                            hex::encode(root),
-                            hex::encode(p.root_hash)
-                        );
-                    }
+                // SPEC §8 convergence check, made by the fold.
+                let check = (s.data_heads.len() == 1).then_some(Check { op: id, root: p.root_hash });
+                self.stats.root_checks += u64::from(check.is_some());
+                let fold = Fold { scope: s.id, hlc: op.hlc, author: op.author, actions: p.actions, check };
+                match &mut self.projector {
+                    Some(projector) => self.stats.divergences += u64::from(projector.fold(fold)),
+                    None => self.out.folds.push(fold),
                 }
                 for ev in p.events {
                     s.event_seq += 1;
@@ -1272,6 +1271,12 @@ impl Engine {
         self.out.applied.len()
     }
 
+    /// Folds left for the projector since the last `take_commit` (none
+    /// while the engine folds itself).
+    pub fn folds_in_commit(&self) -> usize {
+        self.out.folds.len()
+    }
+
     /// Everything changed since the last call, as one atomic batch.
     pub fn take_commit(&mut self) -> Commit {
         if !self.cancelled_buffer_puts.is_empty() {
@@ -1319,24 +1324,28 @@ impl Engine {
                 gov_heads: s.gov_heads.iter().copied().collect(),
                 data_heads: s.data_heads.iter().copied().collect(),
                 applied: s.applied,
-                divergences: s.divergences,
+                divergences: 0,
                 event_seq: s.event_seq,
             };
-            self.out.writes.push(Write::Put(Cf::Meta, scope_meta_key(&s.id), encode(&rec)));
-            let scope_id = s.id;
-            for (path, slot) in s.projection.take_changed() {
-                let key = [scope_id.as_slice(), path.as_slice()].concat();
-                // borsh of (entity, key, cell), without cloning them.
-                let mut val = Vec::with_capacity(16 + slot.entity.len() + slot.key.len() + 64);
-                borsh::BorshSerialize::serialize(&slot.entity, &mut val).expect("Vec write");
-                borsh::BorshSerialize::serialize(&slot.key, &mut val).expect("Vec write");
-                borsh::BorshSerialize::serialize(&slot.cell, &mut val).expect("Vec write");
-                self.out.writes.push(Write::Put(Cf::Projection, key, val));
-            }
+            self.out.records.push((s.id, rec));
         }
         self.out.number = self.commit_number;
         self.commit_number += 1;
-        std::mem::take(&mut self.out)
+        let mut commit = std::mem::take(&mut self.out);
+        if let Some(projector) = &mut self.projector {
+            projector.finish_commit(&mut commit);
+        }
+        commit
+    }
+
+    /// Hands the fold to the driver, to run after the engine (the node's
+    /// projector thread): from now on applied data ops leave in
+    /// `Commit::folds`, each commit is finished by `Projector::
+    /// finish_commit`, and the roots in `status` are ZERO, for the
+    /// projector to fill. Call between commits.
+    pub fn take_projector(&mut self) -> Projector {
+        assert!(self.out.folds.is_empty() && self.out.records.is_empty() && self.out.writes.is_empty(), "between commits");
+        self.projector.take().expect("the engine holds the projector")
     }
 
     // ----- queries ------------------------------------------------------
@@ -1351,21 +1360,27 @@ impl Engine {
         self.scope_index.get(id).map(|i| &self.scopes[*i as usize])
     }
 
+    /// The scope root, when the engine folds (see `take_projector`).
     pub fn scope_root(&mut self, id: &Hash) -> Option<Hash> {
-        let i = *self.scope_index.get(id)?;
-        Some(self.scopes[i as usize].projection.root())
+        self.scope_index.get(id)?;
+        Some(self.projector.as_mut()?.root(id))
+    }
+
+    fn root_of(&mut self, id: &Hash) -> Hash {
+        self.projector.as_mut().map_or(ZERO, |p| p.root(id))
     }
 
     /// The SPEC §11 status object, `None` (404) while the genesis is not applied.
     pub fn status(&mut self, id: &Hash) -> Option<ScopeStatus> {
         let i = *self.scope_index.get(id)?;
-        let s = &mut self.scopes[i as usize];
-        if !s.genesis_applied {
+        if !self.scopes[i as usize].genesis_applied {
             return None;
         }
+        let root = self.root_of(id);
+        let s = &self.scopes[i as usize];
         Some(ScopeStatus {
             scope: s.id,
-            root: s.projection.root(),
+            root,
             data_heads: s.data_heads.iter().copied().collect(),
             governance_heads: s.gov_heads.iter().copied().collect(),
             applied: s.applied,
@@ -1412,11 +1427,11 @@ impl Engine {
         for v in [&mut r.pending, &mut r.key_waiting, &mut r.data_key_waiting] {
             v.sort();
         }
-        let s = &mut self.scopes[i as usize];
-        r.root = s.projection.root();
+        r.root = self.root_of(id);
+        r.divergences = self.projector.as_ref().map_or(0, |p| p.divergences(id));
+        let s = &self.scopes[i as usize];
         r.data_heads = s.data_heads.iter().copied().collect();
         r.governance_heads = s.gov_heads.iter().copied().collect();
-        r.divergences = s.divergences;
         Some(r)
     }
 
@@ -1634,8 +1649,8 @@ impl Engine {
                 s.gov_heads = rec.gov_heads.into_iter().collect();
                 s.data_heads = rec.data_heads.into_iter().collect();
                 s.applied = rec.applied;
-                s.divergences = rec.divergences;
                 s.event_seq = rec.event_seq;
+                e.projector.as_mut().expect("a new engine folds").restore_divergences(scope, rec.divergences);
             }
         });
         let mut gov_records: HashMap<Hash, Vec<u8>> = HashMap::new();
@@ -1670,8 +1685,8 @@ impl Engine {
             let scope: Hash = k[..32].try_into().expect("scope ‖ path");
             let path: Hash = k[32..].try_into().expect("scope ‖ path");
             let (entity, key, cell) = decode_cell_record(v);
-            let i = e.scope_idx(&scope);
-            e.scopes[i as usize].projection.restore(path, entity, key, cell);
+            e.scope_idx(&scope);
+            e.projector.as_mut().expect("a new engine folds").restore_cell(scope, path, entity, key, cell);
         });
         let mut dropped: Vec<(u64, Hash, Reason, Hash)> = Vec::new();
         t.scan(Cf::Dropped, &mut |k, v| {

@@ -10,7 +10,9 @@ pub mod cold;
 pub mod engine;
 pub mod governance;
 pub mod projection;
+pub mod projector;
 pub mod smt;
 
 pub use cold::ColdOps;
 pub use engine::*;
+pub use projector::{Check, Fold, Projector, ProjectorStats};

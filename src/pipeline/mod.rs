@@ -1,10 +1,11 @@
 //! Worker threads and bounded channels around the sans-IO core.
 //!
 //! ```text
-//! transport ─ingest─▶ batcher ─▶ verifier × N ─▶ authorizer ─▶ decryptor ─▶ orderer ─▶ committer
-//!  (tokio mpsc)        (seq)     (batch verify)  (G at cut,     (opens with   (Engine:   (RocksDB batch,
-//!                                                 replica)       keyring)      DAG, fold,  fsync, then
-//!                                                                              cascade)    events, gossip)
+//! transport ─ingest─▶ batcher ─▶ verifier × N ─▶ authorizer ─▶ decryptor ─▶ orderer ─▶ projector ─▶ committer
+//!  (tokio mpsc)        (seq)     (batch verify)  (G at cut,     (opens with   (Engine:   (fold, roots,  (RocksDB batch,
+//!                                                 replica)       keyring)      verdicts,  convergence   fsync, then
+//!                                                                              DAG,       checks, cell  events, gossip)
+//!                                                                              cascade)   writes)
 //! ```
 //!
 //! Every channel is bounded and carries batches. When a stage falls behind,
@@ -17,7 +18,11 @@
 //! (its verdict at its cut from a replica of the governance index that holds
 //! only accepted ops; its payload opened with a self-certifying key), which
 //! the engine uses on the op's first judgement. The cascade runs inside the
-//! orderer, through the same judging code. Verifier batches may finish out
+//! orderer, through the same judging code. The fold of the applied data ops
+//! (SPEC §8), which no verdict depends on, runs after the orderer on the
+//! projector thread (`core::Projector`), commit by commit, so that a long
+//! cascade's folds and root checks overlap with the judging of its next
+//! part. Verifier batches may finish out
 //! of order; the authorizer restores the ingest order so that a causally
 //! ordered stream stays causally ordered (no needless pending buffering).
 
@@ -35,7 +40,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use metrics::{counter, gauge, histogram};
 
 use crate::core::governance::Governance;
-use crate::core::{authorize_at, Commit, Engine, Outcome, Prepared, ScopeStatus, VerifiedOp, Write};
+use crate::core::{authorize_at, Commit, Engine, Outcome, Prepared, Projector, ScopeStatus, VerifiedOp, Write};
 use crate::protocol::crypto::open_payload;
 use crate::protocol::{Hash, KeyDelivery, Op, OpKind};
 use crate::store::Store;
@@ -166,6 +171,27 @@ pub struct Shared {
     pub durable_commits: AtomicU64,
 }
 
+/// A commit on its way from the orderer to the projector: the statuses'
+/// roots are the projector's to fill, and the heartbeat roots to compare.
+struct ToProject {
+    commit: Commit,
+    statuses: Vec<ScopeStatus>,
+    origins: Vec<Origin>,
+    received: Instant,
+    heartbeats: Vec<HeartbeatCheck>,
+}
+
+/// A peer's heartbeat with the same heads as ours: its root is compared
+/// with ours once the first `at` folds of its commit are folded.
+struct HeartbeatCheck {
+    at: usize,
+    peer: std::net::SocketAddr,
+    scope: Hash,
+    root: Hash,
+}
+
+type ToCommit = (Commit, Vec<ScopeStatus>, Vec<Origin>, Instant);
+
 pub struct Pipeline {
     pub shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -222,6 +248,8 @@ impl Pipeline {
                 }
             }
         }
+        // From here the engine leaves its folds to the projector thread.
+        let projection = engine.take_projector();
         let q = cfg.stage_queue_batches;
         let (verify_tx, verify_rx) = bounded::<Batch>(q);
         let (auth_tx, auth_rx) = bounded::<Batch>(q);
@@ -235,7 +263,10 @@ impl Pipeline {
         // the orderer and heavy for the committer, a cascade the reverse),
         // and with one slot the orderer waited 0.65–0.87 s per 200k
         // shuffled ops, with two 0.43–0.67 s (ARCHITECTURE.md).
-        let (commit_tx, commit_rx) = bounded::<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>(COMMIT_SLOTS);
+        // The projector sits between them, with as many slots on either
+        // side: a commit is folded while the one before it is written.
+        let (project_tx, project_rx) = bounded::<ToProject>(COMMIT_SLOTS);
+        let (commit_tx, commit_rx) = bounded::<ToCommit>(COMMIT_SLOTS);
         // Queue depths, sampled by the orderer for the metrics.
         let probes: Vec<(&'static str, Receiver<Batch>)> =
             vec![("verify", verify_rx.clone()), ("authorize", auth_rx.clone()), ("decrypt", dec_rx.clone()), ("order", order_rx.clone())];
@@ -265,10 +296,12 @@ impl Pipeline {
             "dagfold-orderer",
             Box::new(move || {
                 let o = OrdererIo { gov: gov_replica, keyring, probes, turns, gate: order_gate.clone() };
-                orderer(&mut engine, order_rx, commit_tx, sh, o, commit_ops_max, tick_ms);
+                orderer(&mut engine, order_rx, project_tx, sh, o, commit_ops_max, tick_ms);
                 order_gate.close();
             }),
         ));
+        let sh = shared.clone();
+        threads.push(spawn("dagfold-projector", Box::new(move || projector(projection, project_rx, commit_tx, sh))));
         let sh = shared.clone();
         let (sync, applied_bytes) = (cfg.sync, cfg.applied_bytes);
         threads.push(spawn(
@@ -469,7 +502,7 @@ const HOSTS_SCORED_MAX: usize = 4096;
 fn orderer(
     engine: &mut Engine,
     rx: Receiver<Batch>,
-    commit_tx: Sender<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>,
+    commit_tx: Sender<ToProject>,
     shared: Arc<Shared>,
     io: OrdererIo,
     commit_ops_max: usize,
@@ -489,6 +522,7 @@ fn orderer(
     let mut open = true;
     let waited_commit = WaitCounter::new("commit");
     let waited_input = WaitCounter::new("input");
+    let mut heartbeats: Vec<HeartbeatCheck> = Vec::new();
     while open || engine.cascade_remaining() {
         // Group commit: keep folding batches into this commit while the
         // previous one still waits for the committer (a slot is taken), up
@@ -525,7 +559,7 @@ fn orderer(
                     last_received = last_received.min(batch.received);
                     items_in_commit += batch.items.len();
                     for item in batch.items {
-                        handle_item(engine, item, &shared, &mut origins, &mut hosts);
+                        handle_item(engine, item, &shared, &mut origins, &mut hosts, &mut heartbeats);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -583,7 +617,7 @@ fn orderer(
             wanted_stale = false;
             *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
         }
-        if commit.is_empty() && commit.applied.is_empty() && !want_status {
+        if commit.is_empty() && commit.applied.is_empty() && !want_status && heartbeats.is_empty() {
             last_received = Instant::now();
             continue;
         }
@@ -621,12 +655,13 @@ fn orderer(
         for (stage, rx) in &probes {
             gauge!("dagfold_queue_batches", "stage" => *stage).set(rx.len() as f64);
         }
-        gauge!("dagfold_queue_batches", "stage" => "commit").set(commit_tx.len() as f64);
+        gauge!("dagfold_queue_batches", "stage" => "project").set(commit_tx.len() as f64);
         gauge!("dagfold_order_queue_bytes").set(gate.held() as f64);
-        // Both commit slots taken: the committer is behind, and the time
-        // spent here is the orderer waiting for the disk.
+        // Both slots taken: the projector (or, behind it, the committer) is
+        // behind, and the time spent here is the orderer waiting for it.
         let t_send = Instant::now();
-        if commit_tx.send((commit, statuses, applied_origins, last_received)).is_err() {
+        let heartbeats = std::mem::take(&mut heartbeats);
+        if commit_tx.send(ToProject { commit, statuses, origins: applied_origins, received: last_received, heartbeats }).is_err() {
             return;
         }
         waited_commit.increment(t_send.elapsed());
@@ -669,6 +704,7 @@ fn handle_item(
     shared: &Shared,
     origins: &mut HashMap<Hash, Origin>,
     hosts: &mut crate::core::IdMap<std::net::IpAddr, (u32, u32)>,
+    heartbeats: &mut Vec<HeartbeatCheck>,
 ) {
     if shared.refusing.load(Ordering::Relaxed) {
         counter!("dagfold_refused_while_failed_total").increment(1);
@@ -707,15 +743,9 @@ fn handle_item(
                 theirs.sort();
                 let mut ours: Vec<Hash> = st.data_heads.iter().chain(&st.governance_heads).copied().collect();
                 ours.sort();
-                if ours == theirs && st.root != root {
-                    shared.divergences_heartbeat.fetch_add(1, Ordering::Relaxed);
-                    counter!("dagfold_divergences_total", "source" => "heartbeat").increment(1);
-                    eprintln!(
-                        "dagfold: divergence with {peer} in scope {}: same heads, roots {} (ours) and {} (theirs)",
-                        hex::encode(scope),
-                        hex::encode(st.root),
-                        hex::encode(root)
-                    );
+                if ours == theirs && heartbeats.len() < HEARTBEAT_CHECKS_MAX {
+                    // Our root at this point is the projector's to compare.
+                    heartbeats.push(HeartbeatCheck { at: engine.folds_in_commit(), peer, scope, root });
                 }
             }
             return;
@@ -777,7 +807,6 @@ fn publish_engine_stats(engine: &mut Engine) {
     gauge!("dagfold_engine_applied_total").set(s.applied as f64);
     gauge!("dagfold_engine_evicted_total").set(s.evicted as f64);
     gauge!("dagfold_engine_key_timeouts_total").set(s.key_timeouts as f64);
-    gauge!("dagfold_engine_divergences_total").set(s.divergences as f64);
     gauge!("dagfold_engine_root_checks_total").set(s.root_checks as f64);
     gauge!("dagfold_engine_cascade_released_total").set(s.cascade_released as f64);
     gauge!("dagfold_engine_malformed_total").set(s.malformed as f64);
@@ -799,9 +828,66 @@ fn publish_engine_stats(engine: &mut Engine) {
     gauge!("dagfold_buffered_oldest_age_seconds").set(age_ms as f64 / 1000.0);
 }
 
+/// Heartbeat root comparisons one commit carries at most (a heartbeat is
+/// per peer and scope, ≥ 200 ms apart; past this, a flood of them is
+/// compared no more until the next commit).
+const HEARTBEAT_CHECKS_MAX: usize = 1024;
+
+/// The fold of each commit's applied data ops (`core::Projector`), in
+/// commit order: the cells it changed and the scope records join the
+/// commit's writes, the statuses get their roots, the convergence checks
+/// and the heartbeat comparisons are made; then the commit goes on to the
+/// committer.
+fn projector(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCommit>, shared: Arc<Shared>) {
+    let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "commit");
+    for m in rx {
+        let ToProject { mut commit, mut statuses, origins, received, heartbeats } = m;
+        let t = Instant::now();
+        let folds = std::mem::take(&mut commit.folds);
+        let mut heartbeats = heartbeats.into_iter().peekable();
+        for (i, fold) in folds.into_iter().enumerate() {
+            while let Some(h) = heartbeats.next_if(|h| h.at <= i) {
+                compare_heartbeat(&mut projector, &h, &shared);
+            }
+            projector.fold(fold);
+        }
+        for h in heartbeats {
+            compare_heartbeat(&mut projector, &h, &shared);
+        }
+        projector.finish_commit(&mut commit);
+        for st in &mut statuses {
+            st.root = projector.root(&st.scope);
+        }
+        gauge!("dagfold_engine_divergences_total").set(projector.stats.divergences as f64);
+        gauge!("dagfold_queue_batches", "stage" => "commit").set(tx.len() as f64);
+        histogram!("dagfold_stage_seconds", "stage" => "project").record(t.elapsed().as_secs_f64());
+        let t_send = Instant::now();
+        if tx.send((commit, statuses, origins, received)).is_err() {
+            return;
+        }
+        waited.increment(t_send.elapsed().as_micros() as u64);
+    }
+}
+
+/// SPEC §8 repaired through sync: a peer with our heads and another root.
+fn compare_heartbeat(projector: &mut Projector, h: &HeartbeatCheck, shared: &Shared) {
+    let ours = projector.root(&h.scope);
+    if ours != h.root {
+        shared.divergences_heartbeat.fetch_add(1, Ordering::Relaxed);
+        counter!("dagfold_divergences_total", "source" => "heartbeat").increment(1);
+        eprintln!(
+            "dagfold: divergence with {} in scope {}: same heads, roots {} (ours) and {} (theirs)",
+            h.peer,
+            hex::encode(h.scope),
+            hex::encode(ours),
+            hex::encode(h.root)
+        );
+    }
+}
+
 fn committer<S: Store>(
     mut store: S,
-    rx: Receiver<(Commit, Vec<ScopeStatus>, Vec<Origin>, Instant)>,
+    rx: Receiver<ToCommit>,
     shared: Arc<Shared>,
     sync: bool,
     applied_bytes: bool,

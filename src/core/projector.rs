@@ -1,0 +1,137 @@
+//! The fold of every scope (SPEC §8): projections, scope roots, the
+//! convergence check, and the projection's share of a commit (changed
+//! cells, the scope records with their divergence counts).
+//!
+//! Its input is the sequence of data ops the engine applied (`Fold`), in
+//! apply order: the fold is a pure function of that sequence, and nothing
+//! the engine decides depends on a cell or a root. So the projector runs
+//! either inside the engine (`Engine::new`: the synchronous driver, the
+//! tests, `import`), or after it on a thread of its own (`Engine::
+//! take_projector`: the node's pipeline), where it folds commit N while the
+//! orderer judges N+1. Either way each commit is finished by
+//! [`Projector::finish_commit`] before it is written.
+
+use super::engine::{Cf, Commit, Write};
+use super::projection::Projection;
+use crate::protocol::{encode, Action, Hash, PublicKey, ZERO};
+
+/// One applied data op, for the fold.
+#[derive(Clone, Debug)]
+pub struct Fold {
+    pub scope: Hash,
+    pub hlc: u64,
+    pub author: PublicKey,
+    pub actions: Vec<Action>,
+    /// SPEC §8: the data heads were exactly this op once it was applied,
+    /// so the scope root must equal its author's.
+    pub check: Option<Check>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Check {
+    pub op: Hash,
+    /// The `root_hash` of the op's payload.
+    pub root: Hash,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProjectorStats {
+    /// Convergence checks made, and those that failed.
+    pub root_checks: u64,
+    pub divergences: u64,
+}
+
+#[derive(Default)]
+struct Projected {
+    projection: Projection,
+    divergences: u64,
+}
+
+#[derive(Default)]
+pub struct Projector {
+    scopes: super::IdMap<Hash, Projected>,
+    /// Scopes whose cells changed since the last `finish_commit`.
+    touched: Vec<Hash>,
+    pub stats: ProjectorStats,
+}
+
+impl Projector {
+    /// Folds one applied data op; true if its convergence check failed (a
+    /// divergence: counted and logged, never a reason to drop, §8).
+    pub fn fold(&mut self, f: Fold) -> bool {
+        let p = self.scopes.entry(f.scope).or_default();
+        if !f.actions.is_empty() {
+            p.projection.apply(f.hlc, &f.author, &f.actions);
+            self.touched.push(f.scope);
+        }
+        let Some(check) = f.check else { return false };
+        self.stats.root_checks += 1;
+        let root = p.projection.root();
+        if root == check.root {
+            return false;
+        }
+        p.divergences += 1;
+        self.stats.divergences += 1;
+        eprintln!(
+            "dagfold: divergence in scope {} after op {}: local root {}, author's {}",
+            hex::encode(f.scope),
+            hex::encode(check.op),
+            hex::encode(root),
+            hex::encode(check.root)
+        );
+        true
+    }
+
+    /// The scope root (ZERO for a scope with no cells).
+    pub fn root(&mut self, scope: &Hash) -> Hash {
+        self.scopes.get_mut(scope).map_or(ZERO, |p| p.projection.root())
+    }
+
+    /// Divergences found in a scope since it was created.
+    pub fn divergences(&self, scope: &Hash) -> u64 {
+        self.scopes.get(scope).map_or(0, |p| p.divergences)
+    }
+
+    /// Cells in a scope.
+    pub fn cells(&self, scope: &Hash) -> usize {
+        self.scopes.get(scope).map_or(0, |p| p.projection.len())
+    }
+
+    /// Restores a cell read back from the store (no fold is re-run).
+    pub fn restore_cell(&mut self, scope: Hash, path: Hash, entity: String, key: Vec<u8>, cell: crate::protocol::Cell) {
+        self.scopes.entry(scope).or_default().projection.restore(path, entity, key, cell);
+    }
+
+    /// Restores a scope's divergence count read back from its record.
+    pub fn restore_divergences(&mut self, scope: Hash, divergences: u64) {
+        self.scopes.entry(scope).or_default().divergences = divergences;
+    }
+
+    /// Adds the projection's writes to a commit whose folds are all folded:
+    /// the cells changed since the last call, and the engine's scope
+    /// records (`Commit::records`) with their divergence counts.
+    pub fn finish_commit(&mut self, c: &mut Commit) {
+        debug_assert!(c.folds.is_empty(), "a commit is finished once its folds are folded");
+        for (scope, mut rec) in c.records.drain(..) {
+            rec.divergences = self.divergences(&scope);
+            c.writes.push(Write::Put(Cf::Meta, super::engine::scope_meta_key(&scope), encode(&rec)));
+        }
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        for scope in &touched {
+            let p = self.scopes.get_mut(scope).expect("a touched scope is projected");
+            for (path, slot) in p.projection.take_changed() {
+                let key = [scope.as_slice(), path.as_slice()].concat();
+                // borsh of (entity, key, cell), without cloning them.
+                let mut val = Vec::with_capacity(16 + slot.entity.len() + slot.key.len() + 64);
+                borsh::BorshSerialize::serialize(&slot.entity, &mut val).expect("Vec write");
+                borsh::BorshSerialize::serialize(&slot.key, &mut val).expect("Vec write");
+                borsh::BorshSerialize::serialize(&slot.cell, &mut val).expect("Vec write");
+                c.writes.push(Write::Put(Cf::Projection, key, val));
+            }
+        }
+        touched.clear();
+        self.touched = touched;
+    }
+}
