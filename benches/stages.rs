@@ -121,6 +121,31 @@ fn stages(c: &mut Criterion) {
             black_box(p.root())
         })
     });
+    // A chain: every op's root is checked (SPEC §8), one at a time as the
+    // engine did before session 13, or as checkpoints computed together.
+    g.throughput(Throughput::Elements(256));
+    for (together, check) in [(false, true), (true, true), (false, false)] {
+        let name = if !check { "no check (the fold alone)" } else if together { "checkpoints computed together" } else { "root after each" };
+        g.bench_function(format!("256 ops of 2 Puts, each checked, at {cells} cells: {name} (per op)"), |b| {
+            let mut roots = Vec::with_capacity(256);
+            b.iter(|| {
+                roots.clear();
+                for _ in 0..256 {
+                    hlc += 1;
+                    let k = (hlc as u32).wrapping_mul(2_654_435_761) % cells;
+                    let put = |k: u32| Action::Put { entity: "e".into(), key: k.to_le_bytes().to_vec(), value: vec![2; 16] };
+                    p.apply(hlc, &[1; 32], &[put(k), put((k + 7919) % cells)]);
+                    if together {
+                        p.checkpoint();
+                    } else if check {
+                        roots.push(p.root());
+                    }
+                }
+                p.take_checkpoint_roots(&mut roots);
+                black_box(roots.len())
+            })
+        });
+    }
     g.finish();
 
     let mut g = c.benchmark_group("tag pairs");

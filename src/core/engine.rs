@@ -1202,7 +1202,10 @@ impl Engine {
                 self.stats.root_checks += u64::from(check.is_some());
                 let fold = Fold { scope: s.id, hlc: op.hlc, author: op.author, actions: p.actions, check };
                 match &mut self.projector {
-                    Some(projector) => self.stats.divergences += u64::from(projector.fold(fold)),
+                    Some(projector) => {
+                        projector.fold(fold);
+                        self.stats.divergences += projector.settle();
+                    }
                     None => self.out.folds.push(fold),
                 }
                 for ev in p.events {
@@ -1428,7 +1431,7 @@ impl Engine {
             v.sort();
         }
         r.root = self.root_of(id);
-        r.divergences = self.projector.as_ref().map_or(0, |p| p.divergences(id));
+        r.divergences = self.projector.as_mut().map_or(0, |p| p.divergences(id));
         let s = &self.scopes[i as usize];
         r.data_heads = s.data_heads.iter().copied().collect();
         r.governance_heads = s.gov_heads.iter().copied().collect();

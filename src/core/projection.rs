@@ -80,6 +80,16 @@ impl Projection {
         self.smt.root()
     }
 
+    /// Asks for the root of the current state (see `Smt::checkpoint`).
+    pub fn checkpoint(&mut self) {
+        self.smt.checkpoint();
+    }
+
+    /// The roots of the checkpoints since the last call, in order.
+    pub fn take_checkpoint_roots(&mut self, out: &mut Vec<Hash>) {
+        self.smt.take_checkpoint_roots(out);
+    }
+
     /// Cells changed since the last call (each once), for the commit.
     pub fn take_changed(&mut self) -> Vec<(Hash, &CellSlot)> {
         let mut changed = std::mem::take(&mut self.changed);

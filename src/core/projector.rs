@@ -52,43 +52,86 @@ pub struct Projector {
     scopes: super::IdMap<Hash, Projected>,
     /// Scopes whose cells changed since the last `finish_commit`.
     touched: Vec<Hash>,
+    /// Convergence checks whose roots are not computed yet, in fold order:
+    /// a chain's checks are computed together (`Smt::checkpoint`).
+    checks: Vec<(Hash, Check)>,
+    /// Roots of those checks, by scope, while they are compared.
+    roots: super::IdMap<Hash, std::collections::VecDeque<Hash>>,
     pub stats: ProjectorStats,
 }
 
+/// Convergence checks left outstanding at most: their roots are computed
+/// together, the tree's batches (`MARKS_MAX` in `smt`) being the bound
+/// that matters.
+const CHECKS_OUTSTANDING_MAX: usize = 4096;
+
 impl Projector {
-    /// Folds one applied data op; true if its convergence check failed (a
-    /// divergence: counted and logged, never a reason to drop, §8).
-    pub fn fold(&mut self, f: Fold) -> bool {
+    /// Folds one applied data op. Its convergence check, if any, is made by
+    /// the next `settle` (or whatever reads a root or a count: `root`,
+    /// `divergences`, `finish_commit`), with those of the ops after it.
+    pub fn fold(&mut self, f: Fold) {
         let p = self.scopes.entry(f.scope).or_default();
         if !f.actions.is_empty() {
             p.projection.apply(f.hlc, &f.author, &f.actions);
             self.touched.push(f.scope);
         }
-        let Some(check) = f.check else { return false };
-        self.stats.root_checks += 1;
-        let root = p.projection.root();
-        if root == check.root {
-            return false;
+        if let Some(check) = f.check {
+            p.projection.checkpoint();
+            self.checks.push((f.scope, check));
+            if self.checks.len() >= CHECKS_OUTSTANDING_MAX {
+                self.settle();
+            }
         }
-        p.divergences += 1;
-        self.stats.divergences += 1;
-        eprintln!(
-            "dagfold: divergence in scope {} after op {}: local root {}, author's {}",
-            hex::encode(f.scope),
-            hex::encode(check.op),
-            hex::encode(root),
-            hex::encode(check.root)
-        );
-        true
+    }
+
+    /// Makes the outstanding convergence checks, in fold order; returns the
+    /// divergences found (each counted and logged, never a reason to drop,
+    /// §8).
+    pub fn settle(&mut self) -> u64 {
+        if self.checks.is_empty() {
+            return 0;
+        }
+        let mut found = 0;
+        let mut roots = std::mem::take(&mut self.roots);
+        for (scope, check) in std::mem::take(&mut self.checks) {
+            let p = self.scopes.get_mut(&scope).expect("a checked scope is projected");
+            let queue = roots.entry(scope).or_default();
+            if queue.is_empty() {
+                let mut v = Vec::new();
+                p.projection.take_checkpoint_roots(&mut v);
+                queue.extend(v);
+            }
+            let root = queue.pop_front().expect("one root per checkpoint");
+            self.stats.root_checks += 1;
+            if root == check.root {
+                continue;
+            }
+            p.divergences += 1;
+            self.stats.divergences += 1;
+            found += 1;
+            eprintln!(
+                "dagfold: divergence in scope {} after op {}: local root {}, author's {}",
+                hex::encode(scope),
+                hex::encode(check.op),
+                hex::encode(root),
+                hex::encode(check.root)
+            );
+        }
+        debug_assert!(roots.values().all(|q| q.is_empty()), "every checkpoint's root compared");
+        roots.clear();
+        self.roots = roots;
+        found
     }
 
     /// The scope root (ZERO for a scope with no cells).
     pub fn root(&mut self, scope: &Hash) -> Hash {
+        self.settle();
         self.scopes.get_mut(scope).map_or(ZERO, |p| p.projection.root())
     }
 
     /// Divergences found in a scope since it was created.
-    pub fn divergences(&self, scope: &Hash) -> u64 {
+    pub fn divergences(&mut self, scope: &Hash) -> u64 {
+        self.settle();
         self.scopes.get(scope).map_or(0, |p| p.divergences)
     }
 
@@ -112,6 +155,7 @@ impl Projector {
     /// records (`Commit::records`) with their divergence counts.
     pub fn finish_commit(&mut self, c: &mut Commit) {
         debug_assert!(c.folds.is_empty(), "a commit is finished once its folds are folded");
+        self.settle();
         for (scope, mut rec) in c.records.drain(..) {
             rec.divergences = self.divergences(&scope);
             c.writes.push(Write::Put(Cf::Meta, super::engine::scope_meta_key(&scope), encode(&rec)));
