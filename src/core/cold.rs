@@ -14,7 +14,9 @@
 use crate::protocol::Hash;
 
 /// Reads an applied op back from the store, by id (the bytes as stored in
-/// `Cf::Ops`). Called from the engine's thread; must see every write that
+/// `Cf::Ops`, which holds the pending ops too: the engine asks only for ids
+/// it does not hold, never for one whose record a commit not yet written
+/// deletes). Called from the engine's thread; must see every write that
 /// has completed.
 pub trait ColdOps: Send {
     fn get(&self, id: &Hash) -> Option<Vec<u8>>;

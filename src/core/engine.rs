@@ -101,6 +101,10 @@ struct Buffered {
     bytes: Vec<u8>,
     scope: u32,
     kind: BufKind,
+    /// Pending, with its encoding in the ops table (`Cf::Ops`) since it was
+    /// buffered: applying it writes nothing more of it. False for a pending
+    /// record of the older layout (its encoding in the record itself).
+    in_ops: bool,
     seq: u64,
     /// Pending: the ids it is registered under in `waiters`.
     missing: Vec<Hash>,
@@ -167,10 +171,13 @@ fn prepared_bytes(pre: &Option<Prepared>) -> usize {
 /// The column families of the store (one table each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Cf {
-    /// delta_id → the op as received (first valid copy).
+    /// delta_id → the op as received (first valid copy): every applied op,
+    /// and every op buffered on a missing dependency (a `Pending` record
+    /// says which), so that a parked op's bytes are written once.
     Ops,
-    /// delta_id → seq ‖ op: ops buffered on a missing dependency. The
-    /// by-parent index is derived from them at open.
+    /// delta_id → seq: ops buffered on a missing dependency, their bytes in
+    /// `Ops` (or, written before session 13, seq ‖ op). The by-parent index
+    /// is derived from them at open.
     Pending,
     /// delta_id → seq ‖ op: governance ops waiting for their key.
     KeyWaits,
@@ -233,6 +240,9 @@ pub struct Commit {
     pub events: Vec<EventOut>,
     /// Ops applied, in apply order, with their scope (for gossip).
     pub applied: Vec<(Hash, Hash)>,
+    /// The encodings of applied ops that this commit does not write (a
+    /// pending op's were written when it was buffered), for gossip.
+    pub released: Vec<(Hash, Vec<u8>)>,
     /// Governance ops applied, for the pipeline's replicas of the index.
     pub gov_applied: Vec<(Hash, GovNode)>,
     /// Group keys accepted.
@@ -546,6 +556,11 @@ pub struct Engine {
     /// released within one commit never needs to reach the disk.
     fresh_buffer_puts: IdSet<(u8, Hash)>,
     cancelled_buffer_puts: IdSet<(u8, Hash)>,
+    /// Ops records deleted (a pending op dropped or evicted) by commits not
+    /// known to be durable, with the commit's number: until then the store
+    /// may still hold them, and the cold index must not take one for an
+    /// applied op.
+    ops_deleted: IdMap<Hash, u64>,
     /// The cold index (see `core::cold`): none, and every applied op stays
     /// in `ops`.
     cold: Option<Box<dyn ColdOps>>,
@@ -601,6 +616,7 @@ impl Engine {
             touched: Vec::new(),
             fresh_buffer_puts: Default::default(),
             cancelled_buffer_puts: Default::default(),
+            ops_deleted: Default::default(),
             cold: None,
             cold_filter: IdFilter::new(0),
             hot_order: VecDeque::new(),
@@ -628,6 +644,9 @@ impl Engine {
     pub fn note_durable(&mut self, number: u64) {
         self.durable_through = Some(self.durable_through.map_or(number, |d| d.max(number)));
         let Some(durable) = self.durable_through else { return };
+        if !self.ops_deleted.is_empty() {
+            self.ops_deleted.retain(|_, n| *n > durable);
+        }
         if self.cold.is_none() {
             return;
         }
@@ -653,7 +672,7 @@ impl Engine {
     /// An applied op of the cold index, read back from the store.
     fn cold_op(&self, id: &Hash) -> Option<Op> {
         let cold = self.cold.as_ref()?;
-        if !self.cold_filter.may_contain(id) {
+        if !self.cold_filter.may_contain(id) || self.ops_deleted.contains_key(id) {
             return None;
         }
         let bytes = cold.get(id)?;
@@ -944,12 +963,13 @@ impl Engine {
         let scope = self.scope_idx(&op.scope_of(&id));
         match self.judge(&op, scope, pre.as_mut()) {
             Judgement::Apply(payload) => {
-                self.forget_prior(&id, prior.as_deref());
-                self.apply(op, bytes, id, scope, payload);
+                self.forget_prior(&id, prior.as_deref(), true);
+                let stored = prior.is_some_and(|b| b.kind == BufKind::Pending && b.in_ops);
+                self.apply(op, bytes, id, scope, payload, stored);
                 Outcome::Applied
             }
             Judgement::Drop(reason) => {
-                self.forget_prior(&id, prior.as_deref());
+                self.forget_prior(&id, prior.as_deref(), false);
                 self.drop_op(id, scope, reason);
                 Outcome::Dropped(reason)
             }
@@ -966,7 +986,7 @@ impl Engine {
                         self.put_buffered(id, b, false);
                     }
                     prior => {
-                        self.forget_prior(&id, prior.as_deref());
+                        self.forget_prior(&id, prior.as_deref(), false);
                         for m in &missing {
                             self.waiters.entry(*m).or_default().push(id);
                             self.note_waited(m);
@@ -977,7 +997,7 @@ impl Engine {
                 Outcome::NotYet(BufKind::Pending)
             }
             Judgement::KeyWait => {
-                self.forget_prior(&id, prior.as_deref());
+                self.forget_prior(&id, prior.as_deref(), false);
                 self.key_waiters.entry(op.key_id).or_default().push(id);
                 let kind = if op.plane == PLANE_GOVERNANCE { BufKind::KeyWait } else { BufKind::DataKeyWait };
                 self.buffer(op, bytes, id, scope, kind, Vec::new(), None, now_ms);
@@ -986,20 +1006,44 @@ impl Engine {
         }
     }
 
-    /// Deletes the durable record of a buffered op leaving its buffer.
-    fn forget_prior(&mut self, id: &Hash, prior: Option<&Buffered>) {
-        let cf = match prior.map(|b| b.kind) {
-            Some(BufKind::Pending) => Cf::Pending,
-            Some(BufKind::KeyWait) => Cf::KeyWaits,
-            Some(BufKind::DataKeyWait) | None => return,
+    /// Deletes the durable record of a buffered op leaving its buffer, and
+    /// a pending op's encoding in the ops table unless it is `applied`.
+    fn forget_prior(&mut self, id: &Hash, prior: Option<&Buffered>, applied: bool) {
+        let Some(b) = prior else { return };
+        let cf = match b.kind {
+            BufKind::Pending => Cf::Pending,
+            BufKind::KeyWait => Cf::KeyWaits,
+            BufKind::DataKeyWait => return,
         };
+        self.forget_record(cf, id);
+        if b.kind == BufKind::Pending && b.in_ops && !applied {
+            if self.forget_record(Cf::Ops, id) && self.cold.is_some() {
+                self.ops_deleted.insert(*id, self.commit_number);
+            }
+        }
+    }
+
+    /// Removes a record put while buffering an op: drops the put if it is in
+    /// this very commit, else deletes it; true if a delete was written.
+    fn forget_record(&mut self, cf: Cf, id: &Hash) -> bool {
         let key = (cf as u8, *id);
         if self.fresh_buffer_puts.remove(&key) {
-            // Put in this very commit: drop the put instead of deleting.
             self.cancelled_buffer_puts.insert(key);
+            false
         } else {
             self.out.writes.push(Write::Delete(cf, id.to_vec()));
+            true
         }
+    }
+
+    /// Records a put of a buffered op's record (or its encoding in the ops
+    /// table) in this commit. Put, released and put again in one commit:
+    /// both puts stay and the later one wins.
+    fn put_record(&mut self, cf: Cf, id: &Hash, value: Vec<u8>) {
+        let key = (cf as u8, *id);
+        self.cancelled_buffer_puts.remove(&key);
+        self.fresh_buffer_puts.insert(key);
+        self.out.writes.push(Write::Put(cf, id.to_vec(), value));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1015,18 +1059,15 @@ impl Engine {
         now_ms: u64,
     ) {
         let seq = self.next_seq();
-        let cf = match kind {
-            BufKind::Pending => Some(Cf::Pending),
-            BufKind::KeyWait => Some(Cf::KeyWaits),
-            BufKind::DataKeyWait => None,
-        };
-        if let Some(cf) = cf {
-            let key = (cf as u8, id);
-            // Put, released and put again in one commit: both puts stay and
-            // the later one wins.
-            self.cancelled_buffer_puts.remove(&key);
-            self.fresh_buffer_puts.insert(key);
-            self.out.writes.push(Write::Put(cf, id.to_vec(), seq_and_bytes(seq, &bytes)));
+        match kind {
+            BufKind::Pending => {
+                // The op's encoding goes where it stays once applied; the
+                // pending record only says that it is not applied yet.
+                self.put_record(Cf::Ops, &id, bytes.clone());
+                self.put_record(Cf::Pending, &id, seq.to_le_bytes().to_vec());
+            }
+            BufKind::KeyWait => self.put_record(Cf::KeyWaits, &id, seq_and_bytes(seq, &bytes)),
+            BufKind::DataKeyWait => {}
         }
         let deadline_ms = now_ms.saturating_add(self.cfg.data_key_wait_ms);
         if kind == BufKind::DataKeyWait {
@@ -1037,7 +1078,8 @@ impl Engine {
             BufKind::KeyWait => self.stats.buffered_key_wait += 1,
             BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
         }
-        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms, since_ms: now_ms, pre }), true);
+        let in_ops = kind == BufKind::Pending;
+        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms, since_ms: now_ms, pre }), true);
         self.enforce_bounds(scope);
     }
 
@@ -1134,7 +1176,7 @@ impl Engine {
         let b = self.take_buffered(id).expect("evicting a buffered op");
         self.forget(id);
         self.unregister(id, &b);
-        self.forget_prior(id, Some(&b));
+        self.forget_prior(id, Some(&b), false);
         self.stats.evicted += 1;
     }
 
@@ -1160,7 +1202,9 @@ impl Engine {
         }
     }
 
-    fn apply(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, payload: Decrypted) {
+    /// Applies an op; `stored`: its encoding is in the ops table already (a
+    /// pending op's, written when it was buffered).
+    fn apply(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, payload: Decrypted, stored: bool) {
         self.stats.applied += 1;
         self.touched.push(scope);
         let cut = self.intern_cut(op.cut_ids());
@@ -1216,7 +1260,19 @@ impl Engine {
                 }
             }
         }
-        self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), bytes));
+        if !self.ops_deleted.is_empty() {
+            self.ops_deleted.remove(&id);
+        }
+        if stored {
+            self.out.released.push((id, bytes));
+        } else {
+            // An earlier copy of it, parked and then evicted within this
+            // commit, had its put cancelled: this one stays.
+            if !self.cancelled_buffer_puts.is_empty() {
+                self.cancelled_buffer_puts.remove(&(Cf::Ops as u8, id));
+            }
+            self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), bytes));
+        }
         if let Some(ws) = self.waiters.remove(&id) {
             self.work.extend(ws);
         }
@@ -1291,7 +1347,7 @@ impl Engine {
             self.out.writes = writes
                 .into_iter()
                 .filter(|w| match w {
-                    Write::Put(cf @ (Cf::Pending | Cf::KeyWaits), k, _) => {
+                    Write::Put(cf @ (Cf::Pending | Cf::KeyWaits | Cf::Ops), k, _) => {
                         let id: Hash = k.as_slice().try_into().expect("buffer keys are ids");
                         !cancelled.contains(&(*cf as u8, id))
                     }
@@ -1418,7 +1474,12 @@ impl Engine {
         }
         if let Some(cold) = &self.cold {
             let scope_id = self.scopes[i as usize].id;
+            let ops = &self.ops;
             cold.scan(&mut |op_id, bytes| {
+                // The ops table holds pending ops too.
+                if matches!(ops.get(op_id), Some(Entry::Buffered)) {
+                    return;
+                }
                 let op = decode_op(bytes).expect("a stored op decodes");
                 if op.scope_of(op_id) == scope_id {
                     r.applied.push(*op_id);
@@ -1660,9 +1721,23 @@ impl Engine {
         t.scan(Cf::Governance, &mut |k, v| {
             gov_records.insert(k.try_into().expect("op id is 32 bytes"), v.to_vec());
         });
+        // Pending records first: the ops table holds their ops, which are
+        // not applied. A record is the op's seq; one written before session
+        // 13 is seq ‖ op, its op not in the ops table.
+        let mut pending: HashMap<Hash, (u64, Option<Vec<u8>>, bool)> = HashMap::new();
+        t.scan(Cf::Pending, &mut |k, v| {
+            let seq = u64::from_le_bytes(v[..8].try_into().expect("a pending record starts with its seq"));
+            let old_layout = v.len() > 8;
+            pending.insert(k.try_into().expect("op id is 32 bytes"), (seq, old_layout.then(|| v[8..].to_vec()), !old_layout));
+        });
         let mut per_scope_applied: HashMap<u32, u64> = HashMap::new();
         t.scan(Cf::Ops, &mut |k, v| {
             let id: Hash = k.try_into().expect("op id is 32 bytes");
+            if let Some(p) = pending.get_mut(&id) {
+                assert!(p.2, "an op in the ops table has a pending record of the current layout");
+                p.1 = Some(v.to_vec());
+                return;
+            }
             let op = decode_op(v).expect("a stored op decodes");
             assert_eq!(delta_id_of_body(op_body(v)), id, "a stored op sits under its id");
             let scope = e.scope_idx(&op.scope_of(&id));
@@ -1705,16 +1780,18 @@ impl Engine {
             e.dropped_order.push_back((seq, id));
             e.seq = e.seq.max(seq + 1);
         }
-        let mut buffered: Vec<(u64, Hash, Vec<u8>, BufKind)> = Vec::new();
-        for (cf, kind) in [(Cf::Pending, BufKind::Pending), (Cf::KeyWaits, BufKind::KeyWait)] {
-            t.scan(cf, &mut |k, v| {
-                let seq = u64::from_le_bytes(v[..8].try_into().unwrap());
-                buffered.push((seq, k.try_into().unwrap(), v[8..].to_vec(), kind));
-            });
+        let mut buffered: Vec<(u64, Hash, Vec<u8>, BufKind, bool)> = Vec::new();
+        for (id, (seq, bytes, in_ops)) in pending {
+            buffered.push((seq, id, bytes.expect("a pending record has its op"), BufKind::Pending, in_ops));
         }
+        t.scan(Cf::KeyWaits, &mut |k, v| {
+            let seq = u64::from_le_bytes(v[..8].try_into().unwrap());
+            buffered.push((seq, k.try_into().unwrap(), v[8..].to_vec(), BufKind::KeyWait, false));
+        });
         buffered.sort_by_key(|b| b.0);
-        for (seq, id, bytes, kind) in buffered {
+        for (seq, id, bytes, kind, in_ops) in buffered {
             let op = decode_op(&bytes).expect("a buffered op decodes");
+            assert_eq!(delta_id_of_body(op_body(&bytes)), id, "a buffered op sits under its id");
             let scope = e.scope_idx(&op.scope_of(&id));
             e.seq = e.seq.max(seq + 1);
             let mut missing = Vec::new();
@@ -1739,7 +1816,7 @@ impl Engine {
             }
             e.put_buffered(
                 id,
-                Box::new(Buffered { op, bytes, scope, kind, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None }),
+                Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None }),
                 true,
             );
         }
@@ -1766,4 +1843,135 @@ fn decode_cell_record(v: &[u8]) -> (String, Vec<u8>, Cell) {
     let key = r.bytes(u32::MAX).expect("stored key");
     let cell = crate::protocol::codec::decode_cell(&v[r.position()..]).expect("stored cell");
     (entity, key, cell)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemStore;
+    use crate::store::Store;
+    use crate::workload::{generate, Generated, Workload, WorkloadConfig};
+    use std::sync::Mutex;
+
+    /// The cold index over a store the test writes to.
+    struct SharedCold(Arc<Mutex<MemStore>>);
+
+    impl ColdOps for SharedCold {
+        fn get(&self, id: &Hash) -> Option<Vec<u8>> {
+            self.0.lock().unwrap().get(Cf::Ops, id).ok().flatten()
+        }
+
+        fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) {
+            self.0.lock().unwrap().scan(Cf::Ops, &mut |k, v| f(&k.try_into().unwrap(), v))
+        }
+    }
+
+    /// A chain of `ops` data ops, and an engine that applied everything
+    /// before them, its commits written to a store.
+    fn chain(ops: usize, cfg: Config) -> (Identity, Vec<Generated>, Arc<Mutex<MemStore>>, Engine) {
+        let id = Identity::from_secrets([31; 32], [32; 32]);
+        let w: Workload = generate(&WorkloadConfig { data_ops: ops, chain: true, ..Default::default() }, id.public_key, id.kem_public);
+        let (prefix, data): (Vec<_>, Vec<_>) = w.messages.into_iter().partition(|m| !m.is_data);
+        let store = Arc::new(Mutex::new(MemStore::new()));
+        let mut e = Engine::new(cfg, id.clone());
+        for m in &prefix {
+            e.handle_frame(&m.frame, 0);
+        }
+        write(&mut e, &store);
+        (id, data, store, e)
+    }
+
+    fn write(e: &mut Engine, store: &Mutex<MemStore>) -> Commit {
+        let c = e.take_commit();
+        store.lock().unwrap().write(&c.writes, true).unwrap();
+        e.note_durable(c.number);
+        c
+    }
+
+    fn puts(c: &Commit, cf: Cf) -> Vec<(Vec<u8>, usize)> {
+        c.writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Put(x, k, v) if *x == cf => Some((k.clone(), v.len())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A pending op's encoding is written once: into the ops table when it
+    /// is buffered, its pending record then only its seq. Applying it later
+    /// writes the deletion of that record and nothing more of it (its
+    /// encoding goes on in `Commit::released`, for gossip), and a fresh
+    /// engine reopened on the store between the two finds it pending.
+    #[test]
+    fn a_pending_op_is_written_once() {
+        let (id, data, store, mut e) = chain(3, Config::default());
+        assert_eq!(e.handle_frame(&data[2].frame, 0), Outcome::NotYet(BufKind::Pending));
+        assert_eq!(e.handle_frame(&data[1].frame, 0), Outcome::NotYet(BufKind::Pending));
+        let parked = write(&mut e, &store);
+        let mut ops = puts(&parked, Cf::Ops);
+        ops.sort();
+        let mut want: Vec<(Vec<u8>, usize)> = [&data[1], &data[2]].iter().map(|m| (m.id.to_vec(), m.frame.len() - 1)).collect();
+        want.sort();
+        assert_eq!(ops, want, "the parked ops' encodings, in the ops table");
+        assert!(puts(&parked, Cf::Pending).iter().all(|(_, len)| *len == 8), "pending records hold a seq");
+        let reopened = Engine::restore(Config::default(), id.clone(), &*store.lock().unwrap(), None, 0);
+        assert_eq!(reopened.op_state(&data[1].id), OpState::Buffered(BufKind::Pending));
+        assert_eq!(reopened.op_state(&data[2].id), OpState::Buffered(BufKind::Pending));
+        assert_eq!(e.handle_frame(&data[0].frame, 0), Outcome::Applied);
+        let released = write(&mut e, &store);
+        assert_eq!(puts(&released, Cf::Ops), vec![(data[0].id.to_vec(), data[0].frame.len() - 1)], "only the new op's encoding");
+        assert_eq!(released.writes.iter().filter(|w| matches!(w, Write::Delete(Cf::Pending, _))).count(), 2);
+        let gossip: Vec<Hash> = released.released.iter().map(|(i, _)| *i).collect();
+        assert_eq!(gossip, vec![data[1].id, data[2].id]);
+        assert!(released.released.iter().all(|(i, b)| data.iter().any(|m| m.id == *i && m.frame[1..] == b[..])));
+        let reopened = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
+        assert_eq!(reopened.applied_total(), e.applied_total());
+        assert_eq!(reopened.buffered_total().0, 0);
+    }
+
+    /// A pending record of the layout before session 13 (seq ‖ op, the op
+    /// not in the ops table) is still read: its op is pending, and applying
+    /// it writes its encoding to the ops table then.
+    #[test]
+    fn a_pending_record_of_the_older_layout_is_read() {
+        let (id, data, store, _) = chain(2, Config::default());
+        let old = Write::Put(Cf::Pending, data[1].id.to_vec(), seq_and_bytes(1_000, &data[1].frame[1..]));
+        store.lock().unwrap().write(&[old], true).unwrap();
+        let mut r = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
+        assert!(r.take_commit().writes.is_empty());
+        assert_eq!(r.op_state(&data[1].id), OpState::Buffered(BufKind::Pending));
+        assert_eq!(r.handle_frame(&data[0].frame, 0), Outcome::Applied);
+        let c = r.take_commit();
+        let mut ops: Vec<Vec<u8>> = puts(&c, Cf::Ops).into_iter().map(|(k, _)| k).collect();
+        ops.sort();
+        let mut want = vec![data[0].id.to_vec(), data[1].id.to_vec()];
+        want.sort();
+        assert_eq!(ops, want);
+        assert!(c.released.is_empty());
+        assert_eq!(r.op_state(&data[1].id), OpState::Applied);
+    }
+
+    /// A pending op evicted has its ops record deleted; until that deletion
+    /// is durable the store still holds it, and the cold index must not take
+    /// it for an applied op even when its filter says "maybe" (a false
+    /// positive, made here by inserting the id).
+    #[test]
+    fn an_evicted_pending_op_is_never_read_back_as_applied() {
+        let (_, data, store, mut e) = chain(4, Config { buffered_ops_per_scope_max: 1, ..Config::default() });
+        e.set_cold(Box::new(SharedCold(store.clone())));
+        assert_eq!(e.handle_frame(&data[1].frame, 0), Outcome::NotYet(BufKind::Pending));
+        write(&mut e, &store);
+        // Buffering d3 evicts d1, the oldest: its records are deleted by the
+        // commit being built, not yet written.
+        assert_eq!(e.handle_frame(&data[3].frame, 0), Outcome::NotYet(BufKind::Pending));
+        assert_eq!(e.stats.evicted, 1);
+        assert_eq!(e.op_state(&data[1].id), OpState::Unknown);
+        assert!(store.lock().unwrap().get(Cf::Ops, &data[1].id).unwrap().is_some(), "still in the store");
+        e.cold_filter.insert(&data[1].id);
+        assert_eq!(e.handle_frame(&data[2].frame, 0), Outcome::NotYet(BufKind::Pending), "d1 is not applied");
+        write(&mut e, &store);
+        assert!(store.lock().unwrap().get(Cf::Ops, &data[1].id).unwrap().is_none());
+        assert!(e.ops_deleted.is_empty(), "forgotten once durable");
+    }
 }

@@ -923,13 +923,17 @@ fn committer<S: Store>(
                 st.insert(s.scope, s);
             }
         }
-        // The encodings of applied ops are in the batch just written.
+        // The encodings of applied ops are in the batch just written, or
+        // (a pending op's, written when it was buffered) beside it.
         let mut bytes: HashMap<&[u8], &Vec<u8>> = HashMap::new();
         if applied_bytes {
             for w in &commit.writes {
                 if let Write::Put(crate::core::Cf::Ops, k, v) = w {
                     bytes.insert(k.as_slice(), v);
                 }
+            }
+            for (id, v) in &commit.released {
+                bytes.insert(id.as_slice(), v);
             }
         }
         let applied = commit

@@ -92,9 +92,16 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
         return r;
     };
     let keys: HashSet<Hash> = scan(&store, Cf::Keys).iter().filter_map(|(k, _)| h32(k)).collect();
+    // The ops table holds the applied ops and the pending ones (each with
+    // a pending record: its seq, or, in the older layout, seq ‖ op).
+    let pending_records: HashMap<Vec<u8>, Vec<u8>> = scan(&store, Cf::Pending).into_iter().collect();
     let mut ops: HashMap<Hash, Op> = HashMap::new();
+    let mut pending_ops: HashMap<Hash, Vec<u8>> = HashMap::new();
     for (k, v) in scan(&store, Cf::Ops) {
         match (h32(&k), decode_op(&v)) {
+            (Some(id), Ok(_)) if pending_records.contains_key(&k) => {
+                pending_ops.insert(id, v);
+            }
             (Some(id), Ok(op)) => {
                 ops.insert(id, op);
             }
@@ -112,14 +119,15 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
     let mut pending_ids = HashSet::new();
     let mut pending_of_scope = 0u64;
     let mut ready_pending = 0u64;
-    for (k, v) in scan(&store, Cf::Pending) {
-        let (Some(id), Ok(op)) = (h32(&k), decode_op(v.get(8..).unwrap_or_default())) else {
-            p(format!("a pending record does not decode (key {})", hex::encode(&k)));
+    for (k, v) in &pending_records {
+        let bytes = match h32(k) {
+            Some(id) if v.len() == 8 => pending_ops.get(&id).cloned().unwrap_or_default(),
+            _ => v.get(8..).unwrap_or_default().to_vec(),
+        };
+        let (Some(id), Ok(op)) = (h32(k), decode_op(&bytes)) else {
+            p(format!("a pending record has no op that decodes (key {})", hex::encode(k)));
             continue;
         };
-        if ops.contains_key(&id) {
-            p(format!("op {} is both applied and pending", hex::encode(id)));
-        }
         if op.dependencies().all(|d| ops.contains_key(d)) {
             // A cascade committed in parts: the rest of it was still to be
             // judged at the kill; reopening judges it (checked below).
@@ -175,6 +183,7 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
             dagfold::core::Write::Put(Cf::Ops, k, v) => Some((h32(k)?, v.clone())),
             _ => None,
         })
+        .chain(commit.released.iter().cloned())
         .collect();
     if let Some(scope) = scope {
         if let Some(rep) = engine.report(&scope) {
@@ -190,7 +199,8 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
                         fresh.add_key(k);
                     }
                 }
-                for (id, v) in scan(&store, Cf::Ops).into_iter().filter_map(|(k, v)| Some((h32(&k)?, v))).chain(released) {
+                let applied = scan(&store, Cf::Ops).into_iter().filter(|(k, _)| !pending_records.contains_key(k));
+                for (id, v) in applied.filter_map(|(k, v)| Some((h32(&k)?, v))).chain(released) {
                     let Ok(op) = decode_op(&v) else { continue };
                     fresh.handle_checked(VerifiedOp { id, op, bytes: v, pre: Default::default() }, true, 0);
                 }
