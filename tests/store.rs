@@ -449,3 +449,29 @@ fn a_cascade_committed_in_parts_survives_a_crash_between_them() {
     assert_eq!(crashed_between, parts - 1);
     check_scopes("02 in parts", &mut node.engine, &scn, true);
 }
+
+/// A thread's niceness, from /proc (field 19 of its stat).
+#[cfg(target_os = "linux")]
+fn niceness(stat: &str) -> i32 {
+    stat.rsplit_once(')').unwrap().1.split_whitespace().nth(16).unwrap().parse().unwrap()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn rocksdb_flush_threads_run_niced_and_compaction_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let _store = RocksStore::open(dir.path()).unwrap();
+    let (mut flush, mut compaction) = (Vec::new(), Vec::new());
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
+        if comm.starts_with("rocksdb:high") {
+            flush.push(niceness(&stat));
+        } else if comm.starts_with("rocksdb:low") {
+            compaction.push(niceness(&stat));
+        }
+    }
+    assert!(!flush.is_empty(), "RocksDB's flush threads are started by the open");
+    assert!(flush.iter().all(|n| *n >= dagfold::store::rocks::FLUSH_NICE), "flush threads at {flush:?}");
+    assert!(!compaction.is_empty() && compaction.iter().all(|n| *n < dagfold::store::rocks::FLUSH_NICE), "compaction at {compaction:?}");
+}

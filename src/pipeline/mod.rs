@@ -362,6 +362,7 @@ fn verifier(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::VerifiedCa
     let skipped_total = counter!("dagfold_verify_known_copies_total");
     for mut batch in rx {
         let t = Instant::now();
+        note_age("verify", batch.received);
         let ops: Vec<(&Hash, &Op)> = batch
             .items
             .iter()
@@ -399,6 +400,13 @@ fn verifier(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::VerifiedCa
     }
 }
 
+/// How long after the batcher closed it a batch (for the projector and
+/// the committer: the oldest batch of a commit) reached a stage: where the
+/// end-to-end time goes (`dagfold_end_to_end_seconds` is the last step).
+fn note_age(at: &'static str, received: Instant) {
+    histogram!("dagfold_batch_age_seconds", "at" => at).record(received.elapsed().as_secs_f64());
+}
+
 /// Sets the calling thread's niceness (Linux: per thread). Raising one's own
 /// niceness needs no privilege; should it fail, the thread runs as before.
 fn lower_priority(nice: i32) {
@@ -423,6 +431,7 @@ fn authorizer(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Governance
         while let Some(mut batch) = held.remove(&next) {
             next += 1;
             let t = Instant::now();
+            note_age("authorize", batch.received);
             let mut g = gov.write().expect("governance replica lock");
             for i in &mut batch.items {
                 let Work::Op { op, .. } = &i.work else { continue };
@@ -448,6 +457,7 @@ fn authorizer(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Governance
 fn decryptor(rx: Receiver<Batch>, tx: Sender<Batch>, keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>, gate: &gate::ByteGate) {
     for mut batch in rx {
         let t = Instant::now();
+        note_age("decrypt", batch.received);
         {
             let keys = keyring.read().expect("keyring lock");
             for i in &mut batch.items {
@@ -555,6 +565,7 @@ fn orderer(
             }
             match got {
                 Ok(batch) => {
+                    note_age("order", batch.received);
                     gate.release(batch.bytes());
                     last_received = last_received.min(batch.received);
                     items_in_commit += batch.items.len();
@@ -843,6 +854,7 @@ fn projector(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCom
     for m in rx {
         let ToProject { mut commit, mut statuses, origins, received, heartbeats } = m;
         let t = Instant::now();
+        note_age("project", received);
         let folds = std::mem::take(&mut commit.folds);
         let mut heartbeats = heartbeats.into_iter().peekable();
         for (i, fold) in folds.into_iter().enumerate() {
@@ -898,6 +910,7 @@ fn committer<S: Store>(
             continue;
         }
         let t = Instant::now();
+        note_age("commit", received);
         if commit.writes.is_empty() {
             // Nothing to make durable (an in-memory key wait): publish only.
         } else if let Err(e) = store.write(&commit.writes, sync) {

@@ -80,6 +80,8 @@ impl RocksStore {
             })
             .collect();
         let db = DB::open_cf_descriptors(&opts, path, cfs)?;
+        // RocksDB starts its pools' threads with the first database open.
+        lower_flush_priority();
         Ok(RocksStore { db: Arc::new(db), failed: None, path: path.to_path_buf() })
     }
 
@@ -127,6 +129,51 @@ fn keep_rocksdb_allocations_on_the_heap() {
             libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
         }
     });
+}
+
+/// Niceness of RocksDB's flush threads (its high-priority pool, threads
+/// named `rocksdb:high`), the same as the verifiers'. A flush is a burst
+/// of 50–130 ms of one core (sorting and compressing a memtable) that at
+/// normal priority took the core from the orderer, projector and
+/// committer, whose ops then waited behind it: the longest stalls of the
+/// applied count at half rate began as a flush ended. Niced, it runs on
+/// what they leave. Half rate (100k ops at 33k/s), eight interleaved pairs
+/// with the thread reniced from outside: p99 median 28.9 → 16.4 ms, max
+/// 34.5 → 26.9 ms; shuffled, three pairs: 50.1/51.3/49.7k →
+/// 53.5/52.9/53.6k ops/s. Compaction (`rocksdb:low`) keeps its priority:
+/// niced too, it fell behind (disk per op at the end of shuffled
+/// 590/629 → 763/802 B).
+pub const FLUSH_NICE: i32 = 10;
+
+/// Lowers the priority of RocksDB's flush threads to `FLUSH_NICE` (Linux:
+/// niceness is per thread; found by name in `/proc/self/task`). Raising
+/// one's own niceness needs no privilege; should it fail, the thread runs
+/// as before. Returns the threads at `FLUSH_NICE` or above.
+pub fn lower_flush_priority() -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+        let mut niced = 0;
+        for t in tasks.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<libc::id_t>().ok()) else { continue };
+            if !comm.trim_end().starts_with("rocksdb:high") {
+                continue;
+            }
+            // SAFETY: getpriority/setpriority of one thread id of this
+            // process have no memory effects.
+            unsafe {
+                *libc::__errno_location() = 0;
+                let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+                if now >= FLUSH_NICE || libc::setpriority(libc::PRIO_PROCESS, tid, FLUSH_NICE) == 0 {
+                    niced += 1;
+                }
+            }
+        }
+        niced
+    }
+    #[cfg(not(target_os = "linux"))]
+    0
 }
 
 fn cf_and_key(w: &Write) -> (u8, &[u8]) {

@@ -40,7 +40,10 @@ enum Cmd {
     /// p50/p99 from send to applied, longest_stall_ms (the longest the
     /// applied count stood still while sent ops waited, and when:
     /// longest_stall_at_s), the node's CPU and peak RSS, disk bytes per op,
-    /// the root check.
+    /// the root check; and what the latencies hold besides the node:
+    /// status_request_p99_ms (one read of the node's status; the latencies
+    /// are high by up to --sample-ms plus one read) and send_late_p99_ms
+    /// (at a set rate, how late frames went out after they were due).
     Run(RunArgs),
     /// Write a generated scope as a frames file (u32 LE length, then the
     /// message) for `dagfold import`, for a node with the given keys.
@@ -151,6 +154,12 @@ struct RunArgs {
     /// Give up waiting for the node after this long.
     #[arg(long, default_value_t = 600)]
     timeout_s: u64,
+    /// Pause between two reads of the node's status. An op counts as
+    /// applied when the first read that shows it returns, so each latency
+    /// is high by up to this plus one read (`status_request_p99_ms`);
+    /// each read costs the node an HTTP request.
+    #[arg(long, default_value_t = 5)]
+    sample_ms: u64,
     /// The node's pid, for its CPU time and RSS.
     #[arg(long)]
     node_pid: Option<u32>,
@@ -410,6 +419,8 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
                 let due_at = |k: u64| Duration::from_secs_f64(k as f64 / rate_per_lane);
                 let mut buf: Vec<u8> = Vec::with_capacity(COALESCE_BYTES + 4096);
                 let mut batch: Vec<usize> = Vec::new();
+                // At a set rate: how late each frame went out after it was due.
+                let mut late_us: Vec<u64> = Vec::new();
                 let mut next = mine.into_iter().peekable();
                 while next.peek().is_some() {
                     if rate_per_lane > 0.0 {
@@ -427,6 +438,9 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
                         buf.extend_from_slice(&data[i]);
                         batch.push(i);
                         next.next();
+                        if rate_per_lane > 0.0 {
+                            late_us.push(el.saturating_sub(due_at(k)).as_micros() as u64);
+                        }
                         k += 1;
                     }
                     let now_us = t0.elapsed().as_micros() as u64;
@@ -440,7 +454,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
                 }
                 s.finish().map_err(|e| e.to_string())?;
                 let _ = s.stopped().await;
-                Ok::<(), String>(())
+                Ok::<Vec<u64>, String>(late_us)
             }));
         }
         // Sample the node's applied count while sending.
@@ -450,8 +464,11 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         let mut peak_rss_kb = 0u64;
         let mut rss_series: Vec<u64> = Vec::new();
         let base = prefix.iter().filter(|f| f.first() == Some(&MESSAGE_OP)).count() as u64;
+        let mut request_us: Vec<u64> = Vec::new();
         let final_status = loop {
+            let t_req = Instant::now();
             let st = tokio::task::block_in_place(|| status(a.to.admin, &w.scope));
+            request_us.push(t_req.elapsed().as_micros() as u64);
             let applied = st.as_ref().and_then(|s| s["applied"].as_u64()).unwrap_or(0);
             samples.push((t0.elapsed().as_micros() as u64, applied.saturating_sub(base)));
             if let Some(pid) = a.node_pid {
@@ -475,15 +492,20 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
             if Instant::now() > deadline {
                 return Err(format!("timed out with {applied}/{expected_applied} applied"));
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(a.sample_ms)).await;
         };
+        let mut late_us: Vec<u64> = Vec::new();
         for t in tasks {
-            t.await.map_err(|e| e.to_string())??;
+            late_us.extend(t.await.map_err(|e| e.to_string())??);
         }
-        Ok::<_, String>((final_status, samples, peak_rss_kb, rss_series))
+        late_us.sort_unstable();
+        let late_p99_ms = late_us.get(late_us.len().saturating_sub(1) * 99 / 100).map_or(0.0, |u| *u as f64 / 1000.0);
+        Ok::<_, String>((final_status, samples, peak_rss_kb, rss_series, request_us, late_p99_ms))
     });
     let elapsed = t0.elapsed();
-    let (final_status, samples, peak_rss_kb, rss_series) = result?;
+    let (final_status, samples, peak_rss_kb, rss_series, mut request_us, late_p99_ms) = result?;
+    request_us.sort_unstable();
+    let request_p99_ms = request_us.get(request_us.len().saturating_sub(1) * 99 / 100).map_or(0.0, |u| *u as f64 / 1000.0);
     let final_status = final_status.ok_or("no status")?;
     let root_ok = final_status["root"] == hex::encode(w.final_root);
     // Latency: the i-th data frame (in send order) counts as applied at the
@@ -538,6 +560,9 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         "applied": final_status["applied"],
         "longest_stall_ms": stall_ms,
         "longest_stall_at_s": stall_at_s,
+        "status_requests": request_us.len(),
+        "status_request_p99_ms": request_p99_ms,
+        "send_late_p99_ms": late_p99_ms,
     });
     if !root_ok {
         return Err(format!("root mismatch: node {} vs fold {}; report {report}", final_status["root"], hex::encode(w.final_root)));
