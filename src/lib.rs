@@ -9,6 +9,7 @@ pub mod core;
 pub mod durable;
 pub mod limits;
 pub mod net;
+pub mod niceness;
 #[cfg(feature = "rocksdb-store")]
 pub mod node;
 pub mod pipeline;

@@ -407,19 +407,12 @@ fn note_age(at: &'static str, received: Instant) {
     histogram!("dagfold_batch_age_seconds", "at" => at).record(received.elapsed().as_secs_f64());
 }
 
-/// Sets the calling thread's niceness (Linux: per thread). Raising one's own
-/// niceness needs no privilege; should it fail, the thread runs as before.
+/// Sets the calling thread's niceness; should it fail, the thread runs as
+/// before.
 fn lower_priority(nice: i32) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: setpriority on this thread's own id has no memory effects.
-    unsafe {
-        let tid = libc::gettid() as libc::id_t;
-        if libc::setpriority(libc::PRIO_PROCESS, tid, nice) != 0 {
-            eprintln!("dagfold: could not lower the priority of {:?}", std::thread::current().name());
-        }
+    if !crate::niceness::lower_this_thread(nice) && cfg!(target_os = "linux") {
+        eprintln!("dagfold: could not lower the priority of {:?}", std::thread::current().name());
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = nice;
 }
 
 fn authorizer(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Governance>>) {

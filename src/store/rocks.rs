@@ -145,32 +145,19 @@ fn keep_rocksdb_allocations_on_the_heap() {
 /// 590/629 → 763/802 B).
 pub const FLUSH_NICE: i32 = 10;
 
-/// Lowers the priority of RocksDB's flush threads to `FLUSH_NICE` (Linux:
-/// niceness is per thread; found by name in `/proc/self/task`). Raising
-/// one's own niceness needs no privilege; should it fail, the thread runs
-/// as before. Returns the threads at `FLUSH_NICE` or above.
+/// Lowers the priority of RocksDB's flush threads to `FLUSH_NICE` (found
+/// by name in `/proc/self/task`). Returns the threads at `FLUSH_NICE` or
+/// above.
 pub fn lower_flush_priority() -> usize {
     #[cfg(target_os = "linux")]
     {
         let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
-        let mut niced = 0;
-        for t in tasks.flatten() {
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<libc::id_t>().ok()) else { continue };
-            if !comm.trim_end().starts_with("rocksdb:high") {
-                continue;
-            }
-            // SAFETY: getpriority/setpriority of one thread id of this
-            // process have no memory effects.
-            unsafe {
-                *libc::__errno_location() = 0;
-                let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-                if now >= FLUSH_NICE || libc::setpriority(libc::PRIO_PROCESS, tid, FLUSH_NICE) == 0 {
-                    niced += 1;
-                }
-            }
-        }
-        niced
+        tasks
+            .flatten()
+            .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("rocksdb:high")))
+            .filter_map(|t| t.file_name().to_str().and_then(|s| s.parse::<libc::id_t>().ok()))
+            .filter(|tid| crate::niceness::lower_thread(*tid, FLUSH_NICE))
+            .count()
     }
     #[cfg(not(target_os = "linux"))]
     0

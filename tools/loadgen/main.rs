@@ -498,14 +498,10 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         for t in tasks {
             late_us.extend(t.await.map_err(|e| e.to_string())??);
         }
-        late_us.sort_unstable();
-        let late_p99_ms = late_us.get(late_us.len().saturating_sub(1) * 99 / 100).map_or(0.0, |u| *u as f64 / 1000.0);
-        Ok::<_, String>((final_status, samples, peak_rss_kb, rss_series, request_us, late_p99_ms))
+        Ok::<_, String>((final_status, samples, peak_rss_kb, rss_series, request_us, late_us))
     });
     let elapsed = t0.elapsed();
-    let (final_status, samples, peak_rss_kb, rss_series, mut request_us, late_p99_ms) = result?;
-    request_us.sort_unstable();
-    let request_p99_ms = request_us.get(request_us.len().saturating_sub(1) * 99 / 100).map_or(0.0, |u| *u as f64 / 1000.0);
+    let (final_status, samples, peak_rss_kb, rss_series, request_us, late_us) = result?;
     let final_status = final_status.ok_or("no status")?;
     let root_ok = final_status["root"] == hex::encode(w.final_root);
     // Latency: the i-th data frame (in send order) counts as applied at the
@@ -561,13 +557,19 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         "longest_stall_ms": stall_ms,
         "longest_stall_at_s": stall_at_s,
         "status_requests": request_us.len(),
-        "status_request_p99_ms": request_p99_ms,
-        "send_late_p99_ms": late_p99_ms,
+        "status_request_p99_ms": p99_ms(request_us),
+        "send_late_p99_ms": p99_ms(late_us),
     });
     if !root_ok {
         return Err(format!("root mismatch: node {} vs fold {}; report {report}", final_status["root"], hex::encode(w.final_root)));
     }
     Ok(report)
+}
+
+/// The 99th percentile of durations in µs, in ms (0 for none).
+fn p99_ms(mut us: Vec<u64>) -> f64 {
+    us.sort_unstable();
+    us.get(us.len().saturating_sub(1) * 99 / 100).map_or(0.0, |u| *u as f64 / 1000.0)
 }
 
 /// How many ops count as due once `sent` of `frames` frames went out, when
