@@ -1,5 +1,6 @@
 //! The `identity`, `import` and `inspect` commands (the node is in `node`).
 
+use crate::clock::now_ms;
 use std::io::Read;
 use std::path::Path;
 
@@ -9,9 +10,6 @@ use crate::core::{Config, Engine, Outcome, Reason, Stats};
 use crate::durable::{Durable, FrameItem, FrameReader};
 use crate::store::rocks::RocksStore;
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
 
 pub fn open(data_dir: &Path, cfg: Config) -> anyhow_like::Result<Durable<RocksStore>> {
     let store = RocksStore::open(data_dir)

@@ -3,6 +3,7 @@
 //! See `docs/ARCHITECTURE.md` for the bird's-eye view and the code map.
 
 pub mod admin;
+pub mod clock;
 #[cfg(feature = "rocksdb-store")]
 pub mod cli;
 pub mod core;

@@ -10,6 +10,7 @@ pub mod peers;
 pub mod serve;
 pub mod subscribe;
 
+use crate::clock::now_ms;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,9 +61,6 @@ pub enum NodeError {
     Config(String),
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
 
 /// What the network side shares.
 pub struct NodeShared {

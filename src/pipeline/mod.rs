@@ -30,6 +30,7 @@ mod gate;
 pub mod hub;
 mod verified;
 
+use crate::clock::now_ms;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -197,9 +198,6 @@ pub struct Pipeline {
     threads: Vec<JoinHandle<()>>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
 
 impl Pipeline {
     /// Starts the stage threads. `ingest` is fed by the transport; the
