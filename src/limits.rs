@@ -33,12 +33,13 @@ pub const DATA_KEY_WAIT_MS_DEFAULT: u64 = 3_000;
 /// still arrive). One entry is ~80 bytes, so this caps the memory of a flood
 /// of authentic-but-unauthorized ops at ~80 MiB; older verdicts are forgotten
 /// oldest first, and a later copy of such an op is judged afresh.
+pub const DROPPED_REMEMBERED_MAX: u64 = 1_000_000;
+
 /// Applied ops kept in the in-memory index when the node has a cold index
 /// (the store's ops table): about 60 B each, so ~16 MiB, plus the filter.
 pub const HOT_APPLIED_MAX: usize = 1 << 18;
 /// The filter in front of the cold index (`core::cold::IdFilter`).
 pub const COLD_FILTER_BYTES: usize = 16 << 20;
-pub const DROPPED_REMEMBERED_MAX: u64 = 1_000_000;
 
 /// Governance states at a cut kept in the cache. Data ops overwhelmingly use
 /// the current governance heads; a handful of older cuts are in use while
