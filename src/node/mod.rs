@@ -6,6 +6,7 @@
 //! everything that decides or writes state.
 
 pub mod config;
+pub mod hub;
 pub mod peers;
 pub mod serve;
 pub mod subscribe;
@@ -20,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 pub use config::NodeConfig;
 
 use crate::core::{Config, Decoded, Engine};
-use crate::pipeline::hub::Hub;
+use crate::node::hub::Hub;
 use crate::pipeline::{Pipeline, Work};
 use crate::protocol::node::NodeMessage;
 use crate::store::rocks::{RocksStore, StoreReader};

@@ -27,7 +27,6 @@
 //! ordered stream stays causally ordered (no needless pending buffering).
 
 mod gate;
-pub mod hub;
 mod verified;
 
 use crate::clock::now_ms;
