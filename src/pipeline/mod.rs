@@ -33,6 +33,7 @@ mod decryptor;
 mod gate;
 mod metrics;
 mod orderer;
+mod policy;
 mod projector;
 mod verified;
 mod verifier;

@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use metrics::{counter, gauge, histogram};
 
 use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
+use super::policy::OrderPolicy;
 use super::projector::{HeartbeatCheck, ToProject};
 use super::{gate, Batch, Item, Origin, Shared, Work};
 use crate::clock::now_ms;
@@ -50,22 +51,6 @@ const HOST_SCORE_ALPHA: f32 = 0.2;
 /// forgotten first.
 const HOSTS_SCORED_MAX: usize = 4096;
 
-/// A commit closes at `commit_ops_max` applied ops, or at this many times
-/// as many received items when most of them park, are duplicates or drop.
-/// In order, every item applies and the commit size is unchanged; out of
-/// order, a bigger commit releases more of the ops it parked, whose pending
-/// put and delete then cancel (`Engine::take_commit`) instead of both going
-/// to the WAL.
-const COMMIT_ITEMS_FACTOR: usize = 4;
-
-/// The longest a busy node lets its published status lag behind its
-/// durable state. Computing roots once per commit cost ~18 SHA-256 per
-/// changed cell at 40k cells; at most every 20 ms, ~12.
-const STATUS_INTERVAL: Duration = Duration::from_millis(20);
-
-/// How stale the ids wanted from peers may get (see the orderer).
-const WANTED_INTERVAL: Duration = Duration::from_millis(100);
-
 pub(super) fn run(
     engine: &mut Engine,
     rx: Receiver<Batch>,
@@ -80,11 +65,7 @@ pub(super) fn run(
     let mut scores: crate::core::IdMap<std::net::IpAddr, f32> = Default::default();
     let mut origins: HashMap<Hash, Origin> = HashMap::new();
     let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
-    let mut last_status = Instant::now();
-    let mut last_wanted = Instant::now();
-    // Stale from the start: a restored engine may hold pending ops whose
-    // missing ids nothing else will ask peers for.
-    let mut wanted_stale = true;
+    let mut policy = OrderPolicy::new(commit_ops_max, Duration::from_millis(tick_ms), Instant::now());
     let mut last_received = Instant::now();
     let mut open = true;
     let waited_commit = WaitCounter::new("commit");
@@ -111,8 +92,8 @@ pub(super) fn run(
             // Idle, wait for input up to a tick; with work in hand (folded
             // items, or the last part of a cascade just judged), only
             // briefly, so that it is committed at once when nothing comes.
-            let idle = items_in_commit == 0 && !cascaded;
-            let wait = if idle { Duration::from_millis(tick_ms) } else { Duration::from_micros(200) };
+            let idle = policy.idle(items_in_commit, cascaded);
+            let wait = policy.input_wait(items_in_commit, cascaded);
             let t_recv = Instant::now();
             let got = rx.recv_timeout(wait);
             waited_input.increment(t_recv.elapsed());
@@ -136,11 +117,7 @@ pub(super) fn run(
                     break;
                 }
             }
-            if items_in_commit == 0
-                || engine.applied_in_commit() >= commit_ops_max
-                || items_in_commit >= COMMIT_ITEMS_FACTOR * commit_ops_max
-                || commit_tx.is_empty()
-            {
+            if policy.close_commit(items_in_commit, engine.applied_in_commit(), commit_tx.is_empty()) {
                 break;
             }
         }
@@ -169,20 +146,15 @@ pub(super) fn run(
         }
         status_pending.extend(engine.take_touched_scopes());
         // Statuses (and so the scope roots) are computed when the input is
-        // drained, and under load at most every STATUS_INTERVAL: the root
-        // rehash then shares the upper levels of the tree across commits. A
-        // data op entering its in-memory key wait writes nothing but still
-        // changes the status.
-        let want_status =
-            !status_pending.is_empty() && (rx.is_empty() || last_status.elapsed() >= STATUS_INTERVAL);
-        // The ids to ask peers for: `wanted` prunes the ids waited on that
-        // were unknown (up to one per buffered op under an orphan flood).
-        // Syncs read it once a heartbeat (≥ 200 ms apart), so it is
-        // refreshed at most every WANTED_INTERVAL, idle ticks included.
-        wanted_stale |= !commit.is_empty() || !commit.applied.is_empty() || want_status;
-        if wanted_stale && last_wanted.elapsed() >= WANTED_INTERVAL {
-            last_wanted = Instant::now();
-            wanted_stale = false;
+        // drained, and under load at most every STATUS_INTERVAL (the
+        // policy). A data op entering its in-memory key wait writes nothing
+        // but still changes the status.
+        let now = Instant::now();
+        let want_status = policy.want_status(now, !status_pending.is_empty(), rx.is_empty());
+        // The ids to ask peers for, refreshed after a change, at most every
+        // WANTED_INTERVAL, idle ticks included (the policy).
+        let changed = !commit.is_empty() || !commit.applied.is_empty() || want_status;
+        if policy.refresh_wanted(now, changed) {
             *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
         }
         if commit.is_empty() && commit.applied.is_empty() && !want_status && heartbeats.is_empty() {
@@ -204,9 +176,10 @@ pub(super) fn run(
             }
         }
         let statuses: Vec<ScopeStatus> = if want_status {
-            last_status = Instant::now();
+            let t_status = Instant::now();
+            policy.statuses_computed(t_status);
             let v: Vec<ScopeStatus> = std::mem::take(&mut status_pending).iter().filter_map(|s| engine.status(s)).collect();
-            histogram!("dagfold_stage_seconds", "stage" => "status").record(last_status.elapsed().as_secs_f64());
+            histogram!("dagfold_stage_seconds", "stage" => "status").record(t_status.elapsed().as_secs_f64());
             v
         } else {
             Vec::new()
