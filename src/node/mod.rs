@@ -75,6 +75,16 @@ pub struct NodeShared {
     pub cfg: NodeConfig,
 }
 
+/// Hands what each host's ops came to, as the orderer reports it, to the
+/// server's fair ingest, which weighs the host's turn by it.
+struct HostTurns(Arc<crate::net::fair::OriginTurns>);
+
+impl crate::pipeline::HostOutcomes for HostTurns {
+    fn record(&self, outcomes: &mut dyn Iterator<Item = (std::net::IpAddr, u32, u32)>) {
+        self.0.record_outcomes(outcomes);
+    }
+}
+
 /// Runs a node until SIGINT or SIGTERM, then drains and closes.
 pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let metrics = install_metrics();
@@ -123,7 +133,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     pipe_cfg.applied_bytes = !cfg.peers.is_empty();
     // The orderer weighs each host's turn in the server's fair ingest.
     let origin_turns = Arc::new(crate::net::fair::OriginTurns::default());
-    pipe_cfg.origin_turns = Some(origin_turns.clone());
+    pipe_cfg.host_outcomes = Some(Arc::new(HostTurns(origin_turns.clone())));
     let pipe = Pipeline::start(pipe_cfg, engine, store, ingest_rx, on_durable);
     let shared = Arc::new(NodeShared {
         identity_json: serde_json::json!({

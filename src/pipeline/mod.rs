@@ -134,9 +134,10 @@ pub struct PipelineConfig {
     /// Hand the encodings of applied ops to `on_durable` (for gossip); off
     /// when the node has no peers, which saves a copy of every op.
     pub applied_bytes: bool,
-    /// Where the orderer sets each host's items per turn in the server's
-    /// fair ingest (see `host_turn`); none outside the node.
-    pub origin_turns: Option<Arc<crate::net::fair::OriginTurns>>,
+    /// Where the orderer reports what each host's ops came to (the node
+    /// weighs its turn in the server's fair ingest by it); none outside the
+    /// node.
+    pub host_outcomes: Option<Arc<dyn HostOutcomes>>,
 }
 
 impl Default for PipelineConfig {
@@ -149,8 +150,22 @@ impl Default for PipelineConfig {
             sync: true,
             tick_ms: 100,
             applied_bytes: true,
-            origin_turns: None,
+            host_outcomes: None,
         }
+    }
+}
+
+/// What each host's ops came to, reported by the orderer once per commit:
+/// `(host, useful, total)`, useful being the ops applied or waiting for
+/// their key (not those pending on a dependency, duplicates, bad
+/// signatures or dropped).
+pub trait HostOutcomes: Send + Sync {
+    fn record(&self, outcomes: &mut dyn Iterator<Item = (std::net::IpAddr, u32, u32)>);
+}
+
+impl std::fmt::Debug for dyn HostOutcomes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostOutcomes")
     }
 }
 
@@ -275,11 +290,11 @@ impl Pipeline {
         let sh = shared.clone();
         let commit_ops_max = cfg.commit_ops_max;
         let tick_ms = cfg.tick_ms;
-        let turns = cfg.origin_turns.clone();
+        let outcomes = cfg.host_outcomes.clone();
         threads.push(spawn(
             "dagfold-orderer",
             Box::new(move || {
-                let o = orderer::OrdererIo { gov: gov_replica, keyring, probes, turns, gate: order_gate.clone() };
+                let o = orderer::OrdererIo { gov: gov_replica, keyring, probes, outcomes, gate: order_gate.clone() };
                 orderer::run(&mut engine, order_rx, project_tx, sh, o, commit_ops_max, tick_ms);
                 order_gate.close();
             }),

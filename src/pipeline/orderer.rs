@@ -15,41 +15,22 @@ use metrics::{counter, gauge, histogram};
 use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
 use super::policy::OrderPolicy;
 use super::projector::{HeartbeatCheck, ToProject};
-use super::{gate, Batch, Item, Origin, Shared, Work};
+use super::{gate, Batch, HostOutcomes, Item, Origin, Shared, Work};
 use crate::clock::now_ms;
 use crate::core::governance::Governance;
 use crate::core::{Engine, Outcome, ScopeStatus, VerifiedOp};
 use crate::protocol::Hash;
 
 /// What the orderer updates beside the engine: the stages' replicas, the
-/// queue probes for metrics, and the server's turns per host.
+/// queue probes for metrics, and where what each host's ops came to goes.
 pub(super) struct OrdererIo {
     pub(super) gov: Arc<RwLock<Governance>>,
     pub(super) keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
     pub(super) probes: Vec<(&'static str, Receiver<Batch>)>,
-    pub(super) turns: Option<Arc<crate::net::fair::OriginTurns>>,
+    pub(super) outcomes: Option<Arc<dyn HostOutcomes>>,
     /// The byte budget of the orderer's input queue.
     pub(super) gate: Arc<gate::ByteGate>,
 }
-
-/// What a host's ops came to, recently: the share of them applied (or
-/// waiting for their key), as a moving average over commits, starting at
-/// 1. Its turn in the server's fair ingest shrinks with it, so that under
-/// contention a host whose ops are pending for ever, evicted, dropped or
-/// duplicates gets less of the node than one whose ops apply. It only
-/// matters when several hosts have work waiting: a host alone keeps the
-/// whole node, whatever its score.
-fn host_turn(score: f32) -> usize {
-    let span = (crate::net::fair::TURN_ITEMS - crate::net::fair::TURN_ITEMS_MIN) as f32;
-    crate::net::fair::TURN_ITEMS_MIN + (span * score.clamp(0.0, 1.0)).round() as usize
-}
-
-/// Weight of one commit's share in a host's score.
-const HOST_SCORE_ALPHA: f32 = 0.2;
-
-/// Hosts scored at once; beyond, those back near 1 (the default) are
-/// forgotten first.
-const HOSTS_SCORED_MAX: usize = 4096;
 
 pub(super) fn run(
     engine: &mut Engine,
@@ -60,9 +41,8 @@ pub(super) fn run(
     commit_ops_max: usize,
     tick_ms: u64,
 ) {
-    let OrdererIo { gov, keyring, probes, turns, gate } = io;
+    let OrdererIo { gov, keyring, probes, outcomes, gate } = io;
     let mut hosts: crate::core::IdMap<std::net::IpAddr, (u32, u32)> = Default::default();
-    let mut scores: crate::core::IdMap<std::net::IpAddr, f32> = Default::default();
     let mut origins: HashMap<Hash, Origin> = HashMap::new();
     let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
     let mut policy = OrderPolicy::new(commit_ops_max, Duration::from_millis(tick_ms), Instant::now());
@@ -129,18 +109,8 @@ pub(super) fn run(
             engine.note_durable(durable - 1);
         }
         let commit = engine.take_commit();
-        if let Some(turns) = &turns {
-            for (h, (useful, total)) in hosts.drain() {
-                let s = scores.entry(h).or_insert(1.0);
-                *s += HOST_SCORE_ALPHA * (useful as f32 / total as f32 - *s);
-                turns.set(h, host_turn(*s));
-            }
-            if scores.len() > HOSTS_SCORED_MAX {
-                scores.retain(|_, s| *s < 0.95);
-                if scores.len() > HOSTS_SCORED_MAX {
-                    scores.clear();
-                }
-            }
+        if let Some(outcomes) = &outcomes {
+            outcomes.record(&mut hosts.drain().map(|(h, (useful, total))| (h, useful, total)));
         } else {
             hosts.clear();
         }
