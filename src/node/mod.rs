@@ -66,7 +66,7 @@ pub enum NodeError {
 /// What the network side shares.
 pub struct NodeShared {
     pub identity_json: String,
-    pub pipeline: Arc<crate::pipeline::Shared>,
+    pub pipeline: Arc<crate::pipeline::PipelineState>,
     pub hub: Arc<Hub>,
     pub reader: StoreReader,
     pub peers: Vec<SocketAddr>,
@@ -117,7 +117,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let (ingest_tx, ingest_rx) = mpsc::channel::<Work>(INGEST_QUEUE_ITEMS);
     let (gossip_tx, gossip_rx) = mpsc::channel::<peers::Gossip>(peers::GOSSIP_QUEUE_OPS);
     let hub2 = hub.clone();
-    let on_durable = Box::new(move |d: crate::pipeline::Durable| {
+    let on_durable = Box::new(move |d: crate::pipeline::Committed| {
         hub2.dispatch(&d.events);
         for (_, _, bytes, origin) in d.applied {
             if bytes.is_empty() {

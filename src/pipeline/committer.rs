@@ -11,22 +11,22 @@ use crossbeam_channel::Receiver;
 use metrics::{counter, gauge, histogram};
 
 use super::metrics::note_age;
-use super::{Durable, Origin, Shared};
+use super::{Committed, ConnId, PipelineState};
 use crate::core::{Commit, ScopeStatus, Write};
 use crate::store::Store;
 
 /// A folded commit on its way from the projector to the committer.
-pub(super) type ToCommit = (Commit, Vec<ScopeStatus>, Vec<Origin>, Instant);
+pub(super) type ToCommit = (Commit, Vec<ScopeStatus>, Vec<ConnId>, Instant);
 
 pub(super) fn run<S: Store>(
     mut store: S,
     rx: Receiver<ToCommit>,
-    shared: Arc<Shared>,
+    shared: Arc<PipelineState>,
     sync: bool,
     applied_bytes: bool,
-    mut on_durable: Box<dyn FnMut(Durable) + Send>,
+    mut on_durable: Box<dyn FnMut(Committed) + Send>,
 ) {
-    for (commit, statuses, origins, received) in rx {
+    for (commit, statuses, conns, received) in rx {
         if shared.refusing.load(Ordering::Relaxed) {
             continue;
         }
@@ -73,9 +73,9 @@ pub(super) fn run<S: Store>(
         let applied = commit
             .applied
             .iter()
-            .zip(origins)
-            .map(|((id, scope), origin)| (*id, *scope, bytes.get(id.as_slice()).map(|v| (*v).clone()).unwrap_or_default(), origin))
+            .zip(conns)
+            .map(|((id, scope), conn)| (*id, *scope, bytes.get(id.as_slice()).map(|v| (*v).clone()).unwrap_or_default(), conn))
             .collect();
-        on_durable(Durable { events: commit.events, applied });
+        on_durable(Committed { events: commit.events, applied });
     }
 }

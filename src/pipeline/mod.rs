@@ -54,15 +54,17 @@ use crate::store::Store;
 use committer::ToCommit;
 use projector::ToProject;
 
-/// Where a message came from: a transport connection id, 0 for local.
-pub type Origin = u64;
+/// The connection a message came in on: a transport connection id, 0 for
+/// local.
+pub type ConnId = u64;
 
 /// One message for the pipeline, decoded by the transport.
 #[derive(Debug)]
 pub enum Work {
-    /// `host`: the origin (`net::fair::origin_of`) it came in from over
-    /// the server, whose turn the node weighs by what its ops come to.
-    Op { id: Hash, op: Op, bytes: Vec<u8>, origin: Origin, host: Option<std::net::IpAddr> },
+    /// `conn`: the connection it came in on. `host`: the host it came from
+    /// over the server (its IPv4 address or IPv6 /64, `net::fair::origin_of`),
+    /// whose turn the node weighs by what its ops come to.
+    Op { id: Hash, op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr> },
     Key(KeyDelivery),
     /// A frame that did not decode (already counted by the transport); it
     /// is passed on so that the engine's counts match `import`'s.
@@ -170,14 +172,14 @@ impl std::fmt::Debug for dyn HostOutcomes {
 }
 
 /// A committed, durable batch, for the node's side effects.
-pub struct Durable {
+pub struct Committed {
     pub events: Vec<crate::core::EventOut>,
-    /// Applied ops: id, scope, encoding, origin (0 if woken by a cascade).
-    pub applied: Vec<(Hash, Hash, Vec<u8>, Origin)>,
+    /// Applied ops: id, scope, encoding, connection (0 if woken by a cascade).
+    pub applied: Vec<(Hash, Hash, Vec<u8>, ConnId)>,
 }
 
 /// What the pipeline shares with the rest of the node.
-pub struct Shared {
+pub struct PipelineState {
     /// SPEC §11 status of every scope with an applied genesis, as durable.
     pub status: RwLock<BTreeMap<Hash, ScopeStatus>>,
     /// Set once a store write failed: the node accepts nothing more.
@@ -196,7 +198,7 @@ pub struct Shared {
 }
 
 pub struct Pipeline {
-    pub shared: Arc<Shared>,
+    pub shared: Arc<PipelineState>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -209,7 +211,7 @@ impl Pipeline {
         mut engine: Engine,
         store: S,
         ingest: tokio::sync::mpsc::Receiver<Work>,
-        on_durable: Box<dyn FnMut(Durable) + Send>,
+        on_durable: Box<dyn FnMut(Committed) + Send>,
     ) -> Pipeline {
         assert!(cfg.verifier_threads >= 1 && cfg.verify_batch_max >= 1);
         engine.set_cascade_budget(cfg.commit_ops_max as u64);
@@ -227,7 +229,7 @@ impl Pipeline {
                 k.insert(crate::protocol::crypto::key_id_of(&key), key);
             }
         }
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(PipelineState {
             status: RwLock::new(BTreeMap::new()),
             refusing: AtomicBool::new(false),
             refusing_reason: Mutex::new(None),

@@ -15,7 +15,7 @@ use metrics::{counter, gauge, histogram};
 use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
 use super::policy::OrderPolicy;
 use super::projector::{HeartbeatCheck, ToProject};
-use super::{gate, Batch, HostOutcomes, Item, Origin, Shared, Work};
+use super::{gate, Batch, ConnId, HostOutcomes, Item, PipelineState, Work};
 use crate::clock::now_ms;
 use crate::core::governance::Governance;
 use crate::core::{Engine, Outcome, ScopeStatus, VerifiedOp};
@@ -36,14 +36,14 @@ pub(super) fn run(
     engine: &mut Engine,
     rx: Receiver<Batch>,
     commit_tx: Sender<ToProject>,
-    shared: Arc<Shared>,
+    shared: Arc<PipelineState>,
     io: OrdererIo,
     commit_ops_max: usize,
     tick_ms: u64,
 ) {
     let OrdererIo { gov, keyring, probes, outcomes, gate } = io;
     let mut hosts: crate::core::IdMap<std::net::IpAddr, (u32, u32)> = Default::default();
-    let mut origins: HashMap<Hash, Origin> = HashMap::new();
+    let mut conns: HashMap<Hash, ConnId> = HashMap::new();
     let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
     let mut policy = OrderPolicy::new(commit_ops_max, Duration::from_millis(tick_ms), Instant::now());
     let mut last_received = Instant::now();
@@ -88,7 +88,7 @@ pub(super) fn run(
                     last_received = last_received.min(batch.received);
                     items_in_commit += batch.items.len();
                     for item in batch.items {
-                        handle_item(engine, item, &shared, &mut origins, &mut hosts, &mut heartbeats);
+                        handle_item(engine, item, &shared, &mut conns, &mut hosts, &mut heartbeats);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -154,9 +154,9 @@ pub(super) fn run(
         } else {
             Vec::new()
         };
-        let applied_origins: Vec<Origin> =
-            commit.applied.iter().map(|(id, _)| origins.remove(id).unwrap_or(0)).collect();
-        origins.clear();
+        let applied_conns: Vec<ConnId> =
+            commit.applied.iter().map(|(id, _)| conns.remove(id).unwrap_or(0)).collect();
+        conns.clear();
         let (bo, bb) = engine.buffered_total();
         shared.buffered_ops.store(bo, Ordering::Relaxed);
         shared.buffered_bytes.store(bb, Ordering::Relaxed);
@@ -172,7 +172,7 @@ pub(super) fn run(
         // behind, and the time spent here is the orderer waiting for it.
         let t_send = Instant::now();
         let heartbeats = std::mem::take(&mut heartbeats);
-        if commit_tx.send(ToProject { commit, statuses, origins: applied_origins, received: last_received, heartbeats }).is_err() {
+        if commit_tx.send(ToProject { commit, statuses, conns: applied_conns, received: last_received, heartbeats }).is_err() {
             return;
         }
         waited_commit.increment(t_send.elapsed());
@@ -188,8 +188,8 @@ const HEARTBEAT_CHECKS_MAX: usize = 1024;
 fn handle_item(
     engine: &mut Engine,
     item: Item,
-    shared: &Shared,
-    origins: &mut HashMap<Hash, Origin>,
+    shared: &PipelineState,
+    conns: &mut HashMap<Hash, ConnId>,
     hosts: &mut crate::core::IdMap<std::net::IpAddr, (u32, u32)>,
     heartbeats: &mut Vec<HeartbeatCheck>,
 ) {
@@ -204,10 +204,10 @@ fn handle_item(
             engine.stats.frames += 1;
             engine.handle_key(&kd, now)
         }
-        Work::Op { id, op, bytes, origin, host } => {
+        Work::Op { id, op, bytes, conn, host } => {
             let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
-            if origin != 0 {
-                origins.insert(id, origin);
+            if conn != 0 {
+                conns.insert(id, conn);
             }
             if let Some(h) = host {
                 let useful = matches!(

@@ -11,7 +11,7 @@ use metrics::{counter, gauge, histogram};
 
 use super::committer::ToCommit;
 use super::metrics::note_age;
-use super::{Origin, Shared};
+use super::{ConnId, PipelineState};
 use crate::core::{Commit, Projector, ScopeStatus};
 use crate::protocol::Hash;
 
@@ -20,7 +20,7 @@ use crate::protocol::Hash;
 pub(super) struct ToProject {
     pub(super) commit: Commit,
     pub(super) statuses: Vec<ScopeStatus>,
-    pub(super) origins: Vec<Origin>,
+    pub(super) conns: Vec<ConnId>,
     pub(super) received: Instant,
     pub(super) heartbeats: Vec<HeartbeatCheck>,
 }
@@ -39,10 +39,10 @@ pub(super) struct HeartbeatCheck {
 /// commit's writes, the statuses get their roots, the convergence checks
 /// and the heartbeat comparisons are made; then the commit goes on to the
 /// committer.
-pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCommit>, shared: Arc<Shared>) {
+pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCommit>, shared: Arc<PipelineState>) {
     let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "commit");
     for m in rx {
-        let ToProject { mut commit, mut statuses, origins, received, heartbeats } = m;
+        let ToProject { mut commit, mut statuses, conns, received, heartbeats } = m;
         let t = Instant::now();
         note_age("project", received);
         let folds = std::mem::take(&mut commit.folds);
@@ -64,7 +64,7 @@ pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<
         gauge!("dagfold_queue_batches", "stage" => "commit").set(tx.len() as f64);
         histogram!("dagfold_stage_seconds", "stage" => "project").record(t.elapsed().as_secs_f64());
         let t_send = Instant::now();
-        if tx.send((commit, statuses, origins, received)).is_err() {
+        if tx.send((commit, statuses, conns, received)).is_err() {
             return;
         }
         waited.increment(t_send.elapsed().as_micros() as u64);
@@ -72,7 +72,7 @@ pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<
 }
 
 /// SPEC §8 repaired through sync: a peer with our heads and another root.
-fn compare_heartbeat(projector: &mut Projector, h: &HeartbeatCheck, shared: &Shared) {
+fn compare_heartbeat(projector: &mut Projector, h: &HeartbeatCheck, shared: &PipelineState) {
     let ours = projector.root(&h.scope);
     if ours != h.root {
         shared.divergences_heartbeat.fetch_add(1, Ordering::Relaxed);
