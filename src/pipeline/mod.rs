@@ -25,6 +25,12 @@
 //! part. Verifier batches may finish out
 //! of order; the authorizer restores the ingest order so that a causally
 //! ordered stream stays causally ordered (no needless pending buffering).
+//!
+//! One file per stage: `batcher.rs`, `verifier.rs`, `authorizer.rs`,
+//! `decryptor.rs`, `orderer.rs` (its decisions by time and counts in
+//! `policy.rs`), `projector.rs`, `committer.rs`; beside them the byte budget
+//! of the orderer's queue (`gate.rs`), the cache of signatures found valid
+//! (`verified.rs`) and the pipeline's metrics (`metrics.rs`).
 
 mod authorizer;
 mod batcher;
@@ -104,6 +110,9 @@ impl Batch {
 /// and bounded in bytes by `ORDER_QUEUE_BYTES_MAX`.
 const ORDER_QUEUE_BATCHES: usize = 128;
 const ORDER_QUEUE_BYTES_MAX: u64 = 32 << 20;
+
+/// Commits built and not yet taken by the committer, at most (see `start`).
+const COMMIT_SLOTS: usize = 2;
 
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
@@ -319,6 +328,3 @@ impl Pipeline {
         }
     }
 }
-
-/// Commits built and not yet taken by the committer, at most (see `start`).
-const COMMIT_SLOTS: usize = 2;
