@@ -10,7 +10,7 @@ use dagfold::workload::{generate, WorkloadConfig};
 
 fn work_of(frame: &[u8]) -> Work {
     match decode_frame(frame).expect("generated frames decode") {
-        Decoded::Op { id, op, bytes } => Work::Op { id, op, bytes, origin: 1, host: None },
+        Decoded::Op { id, op, bytes } => Work::Op { id, op, bytes, conn: 1, host: None },
         Decoded::Key(kd) => Work::Key(kd),
     }
 }

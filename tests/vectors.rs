@@ -117,11 +117,11 @@ fn scenarios_through_the_pipeline() {
         let (tx, rx) = tokio::sync::mpsc::channel(4096);
         let cfg = PipelineConfig { applied_bytes: false, ..Default::default() };
         let ev = events.clone();
-        let on_durable = Box::new(move |d: dagfold::pipeline::Durable| ev.lock().unwrap().extend(d.events));
+        let on_durable = Box::new(move |d: dagfold::pipeline::Committed| ev.lock().unwrap().extend(d.events));
         let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), node_identity(&scn)), store.clone(), rx, on_durable);
         for m in messages(&scn) {
             let work = match decode_frame(&m) {
-                Ok(Decoded::Op { id, op, bytes }) => Work::Op { id, op, bytes, origin: 1, host: None },
+                Ok(Decoded::Op { id, op, bytes }) => Work::Op { id, op, bytes, conn: 1, host: None },
                 Ok(Decoded::Key(kd)) => Work::Key(kd),
                 Err(_) => Work::Malformed,
             };

@@ -8,9 +8,10 @@
 //! whatever its number of connections and streams; within an origin, items
 //! keep their arrival order, so one stream's frames stay in order.
 //!
-//! Turns can be weighted: the node tells [`OriginTurns`] how many items an
-//! origin gets per turn (by default [`TURN_ITEMS`]; fewer for an origin
-//! whose recent frames came to nothing, see `pipeline`), so under
+//! Turns can be weighted: the node tells [`OriginTurns`] what each origin's
+//! ops came to, commit by commit, and its items per turn follow (by default
+//! [`TURN_ITEMS`]; fewer for an origin whose recent frames came to nothing,
+//! see [`OriginTurns::record_outcomes`]), so under
 //! contention a host sending useful work gets more of the node than one
 //! flooding it with ops that are evicted or dropped. An origin alone is
 //! never slowed: turns only matter when several have work waiting.
@@ -82,6 +83,9 @@ struct LaneQueue<T> {
 #[derive(Default)]
 pub struct OriginTurns {
     turns: Mutex<HashMap<IpAddr, u8>>,
+    /// Each origin's score (`record_outcomes`), for at most
+    /// [`HOSTS_SCORED_MAX`] origins.
+    scores: Mutex<HashMap<IpAddr, f32>>,
 }
 
 impl std::fmt::Debug for OriginTurns {
@@ -92,6 +96,25 @@ impl std::fmt::Debug for OriginTurns {
 
 /// The fewest items an origin gets per turn.
 pub const TURN_ITEMS_MIN: usize = 2;
+
+/// What a host's ops came to, recently: the share of them applied (or
+/// waiting for their key), as a moving average over commits, starting at
+/// 1. Its turn in the server's fair ingest shrinks with it, so that under
+/// contention a host whose ops are pending for ever, evicted, dropped or
+/// duplicates gets less of the node than one whose ops apply. It only
+/// matters when several hosts have work waiting: a host alone keeps the
+/// whole node, whatever its score.
+fn host_turn(score: f32) -> usize {
+    let span = (TURN_ITEMS - TURN_ITEMS_MIN) as f32;
+    TURN_ITEMS_MIN + (span * score.clamp(0.0, 1.0)).round() as usize
+}
+
+/// Weight of one commit's share in a host's score.
+const HOST_SCORE_ALPHA: f32 = 0.2;
+
+/// Hosts scored at once; beyond, those back near 1 (the default) are
+/// forgotten first.
+const HOSTS_SCORED_MAX: usize = 4096;
 
 impl OriginTurns {
     /// Sets `origin`'s turn, clamped to `TURN_ITEMS_MIN..=TURN_ITEMS`.
@@ -110,6 +133,24 @@ impl OriginTurns {
 
     pub fn get(&self, origin: &IpAddr) -> usize {
         self.turns.lock().unwrap().get(origin).map_or(TURN_ITEMS, |&n| n as usize)
+    }
+
+    /// What each origin's ops came to in one commit of the node, as
+    /// `(origin, useful, total)`: updates its score and sets its turn from
+    /// it (see [`host_turn`]).
+    pub fn record_outcomes(&self, outcomes: impl IntoIterator<Item = (IpAddr, u32, u32)>) {
+        let mut scores = self.scores.lock().unwrap();
+        for (h, useful, total) in outcomes {
+            let s = scores.entry(h).or_insert(1.0);
+            *s += HOST_SCORE_ALPHA * (useful as f32 / total as f32 - *s);
+            self.set(h, host_turn(*s));
+        }
+        if scores.len() > HOSTS_SCORED_MAX {
+            scores.retain(|_, s| *s < 0.95);
+            if scores.len() > HOSTS_SCORED_MAX {
+                scores.clear();
+            }
+        }
     }
 }
 
@@ -381,6 +422,44 @@ mod tests {
         }
         // Four rotations: 4 items of x's and TURN_ITEMS of y's each.
         assert_eq!(from_x, 16);
+    }
+
+    #[test]
+    fn a_host_whose_ops_come_to_nothing_gets_ever_smaller_turns() {
+        let turns = OriginTurns::default();
+        let (bad, good): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        turns.record_outcomes([(bad, 0, 10), (good, 10, 10)]);
+        let s = turns.scores.lock().unwrap()[&bad];
+        assert!((s - (1.0 - HOST_SCORE_ALPHA)).abs() < 1e-6, "score {s}");
+        assert_eq!(turns.get(&bad), host_turn(s));
+        assert!(turns.get(&bad) < TURN_ITEMS);
+        assert_eq!(turns.get(&good), TURN_ITEMS);
+        // Commit after commit its turn shrinks, down to TURN_ITEMS_MIN.
+        let mut last = turns.get(&bad);
+        for _ in 0..50 {
+            turns.record_outcomes([(bad, 1, 100)]);
+            assert!(turns.get(&bad) <= last);
+            last = turns.get(&bad);
+        }
+        assert_eq!(last, TURN_ITEMS_MIN);
+        // Ops that apply again bring it back.
+        for _ in 0..50 {
+            turns.record_outcomes([(bad, 10, 10)]);
+        }
+        assert_eq!(turns.get(&bad), TURN_ITEMS);
+    }
+
+    #[test]
+    fn past_hosts_scored_max_the_hosts_back_near_1_are_forgotten_first() {
+        let turns = OriginTurns::default();
+        let bad: IpAddr = "10.0.0.1".parse().unwrap();
+        turns.record_outcomes([(bad, 0, 10)]);
+        let honest = (0..HOSTS_SCORED_MAX as u32).map(|i| (IpAddr::from(std::net::Ipv4Addr::from(0x0b00_0000 + i)), 9, 10));
+        turns.record_outcomes(honest);
+        let scores = turns.scores.lock().unwrap();
+        assert_eq!(scores.keys().collect::<Vec<_>>(), [&bad]);
+        drop(scores);
+        assert!(turns.get(&bad) < TURN_ITEMS);
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@
 //! everything that decides or writes state.
 
 pub mod config;
+pub mod hub;
 pub mod peers;
 pub mod serve;
 pub mod subscribe;
@@ -20,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 pub use config::NodeConfig;
 
 use crate::core::{Config, Decoded, Engine};
-use crate::pipeline::hub::Hub;
+use crate::node::hub::Hub;
 use crate::pipeline::{Pipeline, Work};
 use crate::protocol::node::NodeMessage;
 use crate::store::rocks::{RocksStore, StoreReader};
@@ -65,13 +66,23 @@ pub enum NodeError {
 /// What the network side shares.
 pub struct NodeShared {
     pub identity_json: String,
-    pub pipeline: Arc<crate::pipeline::Shared>,
+    pub pipeline: Arc<crate::pipeline::PipelineState>,
     pub hub: Arc<Hub>,
     pub reader: StoreReader,
     pub peers: Vec<SocketAddr>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub ingest: mpsc::Sender<Work>,
     pub cfg: NodeConfig,
+}
+
+/// Hands what each host's ops came to, as the orderer reports it, to the
+/// server's fair ingest, which weighs the host's turn by it.
+struct HostTurns(Arc<crate::net::fair::OriginTurns>);
+
+impl crate::pipeline::HostOutcomes for HostTurns {
+    fn record(&self, outcomes: &mut dyn Iterator<Item = (std::net::IpAddr, u32, u32)>) {
+        self.0.record_outcomes(outcomes);
+    }
 }
 
 /// Runs a node until SIGINT or SIGTERM, then drains and closes.
@@ -106,7 +117,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let (ingest_tx, ingest_rx) = mpsc::channel::<Work>(INGEST_QUEUE_ITEMS);
     let (gossip_tx, gossip_rx) = mpsc::channel::<peers::Gossip>(peers::GOSSIP_QUEUE_OPS);
     let hub2 = hub.clone();
-    let on_durable = Box::new(move |d: crate::pipeline::Durable| {
+    let on_durable = Box::new(move |d: crate::pipeline::Committed| {
         hub2.dispatch(&d.events);
         for (_, _, bytes, origin) in d.applied {
             if bytes.is_empty() {
@@ -122,7 +133,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     pipe_cfg.applied_bytes = !cfg.peers.is_empty();
     // The orderer weighs each host's turn in the server's fair ingest.
     let origin_turns = Arc::new(crate::net::fair::OriginTurns::default());
-    pipe_cfg.origin_turns = Some(origin_turns.clone());
+    pipe_cfg.host_outcomes = Some(Arc::new(HostTurns(origin_turns.clone())));
     let pipe = Pipeline::start(pipe_cfg, engine, store, ingest_rx, on_durable);
     let shared = Arc::new(NodeShared {
         identity_json: serde_json::json!({

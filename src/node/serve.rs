@@ -55,7 +55,7 @@ pub async fn dispatch_inbound(shared: Arc<NodeShared>, mut items: mpsc::Receiver
             Incoming::Core(Decoded::Op { id, op, bytes }) => {
                 let origin = origin_of(&shared, &inb.remote);
                 let host = Some(crate::net::fair::origin_of(inb.remote));
-                if shared.ingest.send(Work::Op { id, op, bytes, origin, host }).await.is_err() {
+                if shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host }).await.is_err() {
                     return;
                 }
             }

@@ -1,0 +1,96 @@
+//! The pipeline's own metrics: how old a batch is at each stage, the
+//! orderer's waits, the verdict counts (kept per thread, added to the
+//! registry once per orderer round) and the engine's counters.
+
+use std::time::{Duration, Instant};
+
+use metrics::{counter, gauge, histogram};
+
+use crate::clock::now_ms;
+use crate::core::{Engine, Outcome};
+
+/// How long after the batcher closed it a batch (for the projector and
+/// the committer: the oldest batch of a commit) reached a stage: where the
+/// end-to-end time goes (`dagfold_end_to_end_seconds` is the last step).
+pub(super) fn note_age(at: &'static str, received: Instant) {
+    histogram!("dagfold_batch_age_seconds", "at" => at).record(received.elapsed().as_secs_f64());
+}
+
+/// Counts one message's verdict in `dagfold_received_total` (`VERDICTS`).
+pub(super) fn count_verdict(outcome: Outcome) {
+    let label = match outcome {
+        Outcome::Malformed => "malformed",
+        Outcome::BadSignature => "bad_signature",
+        Outcome::Duplicate => "duplicate",
+        Outcome::GenesisRefused => "genesis_refused",
+        Outcome::Applied => "applied",
+        Outcome::Dropped(r) => r.name(),
+        Outcome::NotYet(crate::core::BufKind::Pending) => "pending",
+        Outcome::NotYet(crate::core::BufKind::KeyWait) => "key_waiting",
+        Outcome::NotYet(crate::core::BufKind::DataKeyWait) => "data_key_waiting",
+        Outcome::KeyAccepted => "key_accepted",
+        Outcome::KeyIgnored => "key_ignored",
+    };
+    VERDICTS.with_borrow_mut(|v| v.entry(label).or_insert_with(|| (counter!("dagfold_received_total", "verdict" => label), 0)).1 += 1);
+}
+
+thread_local! {
+    /// `dagfold_received_total` by verdict: one registry lookup per label,
+    /// not per op (it hashes the key and its labels: 6% of the orderer in a
+    /// long cascade), and counted here, added to the registry's atomics
+    /// once per orderer round (`flush_verdicts`).
+    static VERDICTS: std::cell::RefCell<crate::core::IdMap<&'static str, (metrics::Counter, u64)>> =
+        Default::default();
+}
+
+pub(super) fn flush_verdicts() {
+    VERDICTS.with_borrow_mut(|v| {
+        for (c, n) in v.values_mut() {
+            if *n > 0 {
+                c.increment(std::mem::take(n));
+            }
+        }
+    });
+}
+
+/// `dagfold_orderer_waited_microseconds_total{on}`: how long the orderer
+/// waited for input (`input`, idle time included) or for a free commit slot
+/// (`commit`: the committer was behind). Microseconds, as the registry's
+/// counters are integers.
+pub(super) struct WaitCounter(metrics::Counter);
+
+impl WaitCounter {
+    pub(super) fn new(on: &'static str) -> WaitCounter {
+        WaitCounter(counter!("dagfold_orderer_waited_microseconds_total", "on" => on))
+    }
+
+    pub(super) fn increment(&self, d: Duration) {
+        self.0.increment(d.as_micros() as u64);
+    }
+}
+
+pub(super) fn publish_engine_stats(engine: &mut Engine) {
+    let s = &engine.stats;
+    gauge!("dagfold_engine_applied_total").set(s.applied as f64);
+    gauge!("dagfold_engine_evicted_total").set(s.evicted as f64);
+    gauge!("dagfold_engine_key_timeouts_total").set(s.key_timeouts as f64);
+    gauge!("dagfold_engine_root_checks_total").set(s.root_checks as f64);
+    gauge!("dagfold_engine_cascade_released_total").set(s.cascade_released as f64);
+    gauge!("dagfold_engine_malformed_total").set(s.malformed as f64);
+    gauge!("dagfold_engine_bad_signature_total").set(s.bad_signature as f64);
+    gauge!("dagfold_engine_duplicates_total").set(s.duplicates as f64);
+    for r in crate::core::Reason::ALL {
+        gauge!("dagfold_engine_dropped_total", "reason" => r.name()).set(s.dropped[r.code() as usize] as f64);
+    }
+    gauge!("dagfold_engine_cold_evicted_total").set(s.cold_evicted as f64);
+    gauge!("dagfold_engine_cold_reads_total").set(s.cold_reads as f64);
+    gauge!("dagfold_engine_cold_hits_total").set(s.cold_hits as f64);
+    let (indexed, filter_bytes) = engine.index_sizes();
+    gauge!("dagfold_engine_index_entries").set(indexed as f64);
+    gauge!("dagfold_engine_cold_filter_bytes").set(filter_bytes as f64);
+    let (hits, misses) = engine.governance_cache_stats();
+    gauge!("dagfold_governance_cache_hits_total").set(hits as f64);
+    gauge!("dagfold_governance_cache_misses_total").set(misses as f64);
+    let age_ms = engine.oldest_buffered_since_ms().map(|t| now_ms().saturating_sub(t)).unwrap_or(0);
+    gauge!("dagfold_buffered_oldest_age_seconds").set(age_ms as f64 / 1000.0);
+}

@@ -1,0 +1,242 @@
+//! The orderer: the one thread that runs the engine. It judges the
+//! decrypted batches in order (verdicts, DAG, buffers, cascade), folds them
+//! into group commits, feeds the authorizer's and decryptor's replicas with
+//! what the engine accepted, publishes statuses and the ids wanted from
+//! peers, and hands each commit to the projector.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use metrics::{counter, gauge, histogram};
+
+use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
+use super::policy::OrderPolicy;
+use super::projector::{HeartbeatCheck, ToProject};
+use super::{gate, Batch, ConnId, HostOutcomes, Item, PipelineState, Work};
+use crate::clock::now_ms;
+use crate::core::governance::Governance;
+use crate::core::{Engine, Outcome, ScopeStatus, VerifiedOp};
+use crate::protocol::Hash;
+
+/// What the orderer updates beside the engine: the stages' replicas, the
+/// queue probes for metrics, and where what each host's ops came to goes.
+pub(super) struct OrdererIo {
+    pub(super) gov: Arc<RwLock<Governance>>,
+    pub(super) keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
+    pub(super) probes: Vec<(&'static str, Receiver<Batch>)>,
+    pub(super) outcomes: Option<Arc<dyn HostOutcomes>>,
+    /// The byte budget of the orderer's input queue.
+    pub(super) gate: Arc<gate::ByteGate>,
+}
+
+pub(super) fn run(
+    engine: &mut Engine,
+    rx: Receiver<Batch>,
+    commit_tx: Sender<ToProject>,
+    shared: Arc<PipelineState>,
+    io: OrdererIo,
+    commit_ops_max: usize,
+    tick_ms: u64,
+) {
+    let OrdererIo { gov, keyring, probes, outcomes, gate } = io;
+    let mut hosts: crate::core::IdMap<std::net::IpAddr, (u32, u32)> = Default::default();
+    let mut conns: HashMap<Hash, ConnId> = HashMap::new();
+    let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
+    let mut policy = OrderPolicy::new(commit_ops_max, Duration::from_millis(tick_ms), Instant::now());
+    let mut last_received = Instant::now();
+    let mut open = true;
+    let waited_commit = WaitCounter::new("commit");
+    let waited_input = WaitCounter::new("input");
+    let mut heartbeats: Vec<HeartbeatCheck> = Vec::new();
+    while open || engine.cascade_remaining() {
+        // Group commit: keep folding batches into this commit while the
+        // previous one still waits for the committer (a slot is taken), up
+        // to `commit_ops_max` applied ops (`COMMIT_ITEMS_FACTOR`); hand it
+        // over as soon as none waits.
+        let mut items_in_commit = 0usize;
+        let mut t = Instant::now();
+        let cascaded = engine.cascade_remaining();
+        if cascaded {
+            // A long cascade goes in parts of `commit_ops_max` woken ops, one
+            // commit each, so the committer writes one part while the
+            // orderer judges the next; new batches wait until it is done
+            // (the rest of the batch that started it was handled with it,
+            // each item adding to the same work list, which order does not
+            // change: a verdict depends only on the op and what is applied).
+            engine.continue_cascade(now_ms());
+        }
+        while !engine.cascade_remaining() {
+            // Idle, wait for input up to a tick; with work in hand (folded
+            // items, or the last part of a cascade just judged), only
+            // briefly, so that it is committed at once when nothing comes.
+            let idle = policy.idle(items_in_commit, cascaded);
+            let wait = policy.input_wait(items_in_commit, cascaded);
+            let t_recv = Instant::now();
+            let got = rx.recv_timeout(wait);
+            waited_input.increment(t_recv.elapsed());
+            if idle {
+                // The step's time (the "order" stage) starts with its work.
+                t = Instant::now();
+            }
+            match got {
+                Ok(batch) => {
+                    note_age("order", batch.received);
+                    gate.release(batch.bytes());
+                    last_received = last_received.min(batch.received);
+                    items_in_commit += batch.items.len();
+                    for item in batch.items {
+                        handle_item(engine, item, &shared, &mut conns, &mut hosts, &mut heartbeats);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+            if policy.close_commit(items_in_commit, engine.applied_in_commit(), commit_tx.is_empty()) {
+                break;
+            }
+        }
+        flush_verdicts();
+        engine.handle_tick(now_ms());
+        // Ops applied by durable commits may leave the in-memory index.
+        let durable = shared.durable_commits.load(Ordering::Acquire);
+        if durable > 0 {
+            engine.note_durable(durable - 1);
+        }
+        let commit = engine.take_commit();
+        if let Some(outcomes) = &outcomes {
+            outcomes.record(&mut hosts.drain().map(|(h, (useful, total))| (h, useful, total)));
+        } else {
+            hosts.clear();
+        }
+        status_pending.extend(engine.take_touched_scopes());
+        // Statuses (and so the scope roots) are computed when the input is
+        // drained, and under load at most every STATUS_INTERVAL (the
+        // policy). A data op entering its in-memory key wait writes nothing
+        // but still changes the status.
+        let now = Instant::now();
+        let want_status = policy.want_status(now, !status_pending.is_empty(), rx.is_empty());
+        // The ids to ask peers for, refreshed after a change, at most every
+        // WANTED_INTERVAL, idle ticks included (the policy).
+        let changed = !commit.is_empty() || !commit.applied.is_empty() || want_status;
+        if policy.refresh_wanted(now, changed) {
+            *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
+        }
+        if commit.is_empty() && commit.applied.is_empty() && !want_status && heartbeats.is_empty() {
+            last_received = Instant::now();
+            continue;
+        }
+        histogram!("dagfold_stage_seconds", "stage" => "order").record(t.elapsed().as_secs_f64());
+        // Feed the replicas before the next batch reaches the authorizer.
+        if !commit.gov_applied.is_empty() {
+            let mut g = gov.write().expect("governance replica lock");
+            for (id, node) in &commit.gov_applied {
+                g.insert(*id, node.clone());
+            }
+        }
+        if !commit.keys_added.is_empty() {
+            let mut k = keyring.write().expect("keyring lock");
+            for key in &commit.keys_added {
+                k.insert(crate::protocol::crypto::key_id_of(key), *key);
+            }
+        }
+        let statuses: Vec<ScopeStatus> = if want_status {
+            let t_status = Instant::now();
+            policy.statuses_computed(t_status);
+            let v: Vec<ScopeStatus> = std::mem::take(&mut status_pending).iter().filter_map(|s| engine.status(s)).collect();
+            histogram!("dagfold_stage_seconds", "stage" => "status").record(t_status.elapsed().as_secs_f64());
+            v
+        } else {
+            Vec::new()
+        };
+        let applied_conns: Vec<ConnId> =
+            commit.applied.iter().map(|(id, _)| conns.remove(id).unwrap_or(0)).collect();
+        conns.clear();
+        let (bo, bb) = engine.buffered_total();
+        shared.buffered_ops.store(bo, Ordering::Relaxed);
+        shared.buffered_bytes.store(bb, Ordering::Relaxed);
+        gauge!("dagfold_buffered_ops").set(bo as f64);
+        gauge!("dagfold_buffered_bytes").set(bb as f64);
+        publish_engine_stats(engine);
+        for (stage, rx) in &probes {
+            gauge!("dagfold_queue_batches", "stage" => *stage).set(rx.len() as f64);
+        }
+        gauge!("dagfold_queue_batches", "stage" => "project").set(commit_tx.len() as f64);
+        gauge!("dagfold_order_queue_bytes").set(gate.held() as f64);
+        // Both slots taken: the projector (or, behind it, the committer) is
+        // behind, and the time spent here is the orderer waiting for it.
+        let t_send = Instant::now();
+        let heartbeats = std::mem::take(&mut heartbeats);
+        if commit_tx.send(ToProject { commit, statuses, conns: applied_conns, received: last_received, heartbeats }).is_err() {
+            return;
+        }
+        waited_commit.increment(t_send.elapsed());
+        last_received = Instant::now();
+    }
+}
+
+/// Heartbeat root comparisons one commit carries at most (a heartbeat is
+/// per peer and scope, ≥ 200 ms apart; past this, a flood of them is
+/// compared no more until the next commit).
+const HEARTBEAT_CHECKS_MAX: usize = 1024;
+
+fn handle_item(
+    engine: &mut Engine,
+    item: Item,
+    shared: &PipelineState,
+    conns: &mut HashMap<Hash, ConnId>,
+    hosts: &mut crate::core::IdMap<std::net::IpAddr, (u32, u32)>,
+    heartbeats: &mut Vec<HeartbeatCheck>,
+) {
+    if shared.refusing.load(Ordering::Relaxed) {
+        counter!("dagfold_refused_while_failed_total").increment(1);
+        return;
+    }
+    let now = now_ms();
+    let outcome = match item.work {
+        Work::Malformed => engine.note_malformed(),
+        Work::Key(kd) => {
+            engine.stats.frames += 1;
+            engine.handle_key(&kd, now)
+        }
+        Work::Op { id, op, bytes, conn, host } => {
+            let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
+            if conn != 0 {
+                conns.insert(id, conn);
+            }
+            if let Some(h) = host {
+                let useful = matches!(
+                    outcome,
+                    Outcome::Applied | Outcome::NotYet(crate::core::BufKind::KeyWait | crate::core::BufKind::DataKeyWait)
+                );
+                let e = hosts.entry(h).or_default();
+                e.0 += u32::from(useful);
+                e.1 += 1;
+            }
+            outcome
+        }
+        Work::Heads { peer, scope, heads, root } => {
+            let lacking: Vec<Hash> =
+                heads.iter().filter(|h| engine.op_state(h) == crate::core::OpState::Unknown).copied().collect();
+            if !lacking.is_empty() {
+                shared.lacking.lock().unwrap().push((peer, scope, lacking));
+            } else if let Some(st) = engine.status(&scope) {
+                let mut theirs = heads.clone();
+                theirs.sort();
+                let mut ours: Vec<Hash> = st.data_heads.iter().chain(&st.governance_heads).copied().collect();
+                ours.sort();
+                if ours == theirs && heartbeats.len() < HEARTBEAT_CHECKS_MAX {
+                    // Our root at this point is the projector's to compare.
+                    heartbeats.push(HeartbeatCheck { at: engine.folds_in_commit(), peer, scope, root });
+                }
+            }
+            return;
+        }
+    };
+    count_verdict(outcome);
+}

@@ -1,0 +1,88 @@
+//! The projector: folds each commit's applied data ops (SPEC §8) on its own
+//! thread, so that the fold and the root checks of commit N overlap with
+//! the orderer's judging of N+1.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+use metrics::{counter, gauge, histogram};
+
+use super::committer::ToCommit;
+use super::metrics::note_age;
+use super::{ConnId, PipelineState};
+use crate::core::{Commit, Projector, ScopeStatus};
+use crate::protocol::Hash;
+
+/// A commit on its way from the orderer to the projector: the statuses'
+/// roots are the projector's to fill, and the heartbeat roots to compare.
+pub(super) struct ToProject {
+    pub(super) commit: Commit,
+    pub(super) statuses: Vec<ScopeStatus>,
+    pub(super) conns: Vec<ConnId>,
+    pub(super) received: Instant,
+    pub(super) heartbeats: Vec<HeartbeatCheck>,
+}
+
+/// A peer's heartbeat with the same heads as ours: its root is compared
+/// with ours once the first `at` folds of its commit are folded.
+pub(super) struct HeartbeatCheck {
+    pub(super) at: usize,
+    pub(super) peer: std::net::SocketAddr,
+    pub(super) scope: Hash,
+    pub(super) root: Hash,
+}
+
+/// The fold of each commit's applied data ops (`core::Projector`), in
+/// commit order: the cells it changed and the scope records join the
+/// commit's writes, the statuses get their roots, the convergence checks
+/// and the heartbeat comparisons are made; then the commit goes on to the
+/// committer.
+pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCommit>, shared: Arc<PipelineState>) {
+    let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "commit");
+    for m in rx {
+        let ToProject { mut commit, mut statuses, conns, received, heartbeats } = m;
+        let t = Instant::now();
+        note_age("project", received);
+        let folds = std::mem::take(&mut commit.folds);
+        let mut heartbeats = heartbeats.into_iter().peekable();
+        for (i, fold) in folds.into_iter().enumerate() {
+            while let Some(h) = heartbeats.next_if(|h| h.at <= i) {
+                compare_heartbeat(&mut projector, &h, &shared);
+            }
+            projector.fold(fold);
+        }
+        for h in heartbeats {
+            compare_heartbeat(&mut projector, &h, &shared);
+        }
+        projector.finish_commit(&mut commit);
+        for st in &mut statuses {
+            st.root = projector.root(&st.scope);
+        }
+        gauge!("dagfold_engine_divergences_total").set(projector.stats.divergences as f64);
+        gauge!("dagfold_queue_batches", "stage" => "commit").set(tx.len() as f64);
+        histogram!("dagfold_stage_seconds", "stage" => "project").record(t.elapsed().as_secs_f64());
+        let t_send = Instant::now();
+        if tx.send((commit, statuses, conns, received)).is_err() {
+            return;
+        }
+        waited.increment(t_send.elapsed().as_micros() as u64);
+    }
+}
+
+/// SPEC §8 repaired through sync: a peer with our heads and another root.
+fn compare_heartbeat(projector: &mut Projector, h: &HeartbeatCheck, shared: &PipelineState) {
+    let ours = projector.root(&h.scope);
+    if ours != h.root {
+        shared.divergences_heartbeat.fetch_add(1, Ordering::Relaxed);
+        counter!("dagfold_divergences_total", "source" => "heartbeat").increment(1);
+        eprintln!(
+            "dagfold: divergence with {} in scope {}: same heads, roots {} (ours) and {} (theirs)",
+            h.peer,
+            hex::encode(h.scope),
+            hex::encode(ours),
+            hex::encode(h.root)
+        );
+    }
+}
