@@ -12,7 +12,9 @@ pub mod governance;
 pub mod projection;
 pub mod projector;
 pub mod smt;
+pub mod types;
 
 pub use cold::ColdOps;
 pub use engine::*;
 pub use projector::{Check, Fold, Projector, ProjectorStats};
+pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};
