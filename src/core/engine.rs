@@ -10,11 +10,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
-use borsh::{BorshDeserialize, BorshSerialize};
+use borsh::BorshDeserialize;
 
 use super::cold::{ColdOps, IdFilter};
 use super::governance::{GovNode, GovState, Governance};
 use super::projector::{Check, Fold, Projector};
+use super::tables::{decode_cell_record, seq_and_bytes, Cf, ScopeRecord, Write, META_SCOPE_PREFIX};
 use super::types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
@@ -110,60 +111,6 @@ fn prepared_bytes(pre: &Option<Prepared>) -> usize {
     }
 }
 
-/// The column families of the store (one table each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Cf {
-    /// delta_id → the op as received (first valid copy): every applied op,
-    /// and every op buffered on a missing dependency (a `Pending` record
-    /// says which), so that a parked op's bytes are written once.
-    Ops,
-    /// delta_id → seq: ops buffered on a missing dependency, their bytes in
-    /// `Ops` (or, written before session 13, seq ‖ op). The by-parent index
-    /// is derived from them at open.
-    Pending,
-    /// delta_id → seq ‖ op: governance ops waiting for their key.
-    KeyWaits,
-    /// scope ‖ path → entity, key, cell.
-    Projection,
-    /// delta_id → depth ‖ plaintext payload of an applied governance op.
-    Governance,
-    /// delta_id → reason ‖ scope ‖ seq: remembered drop verdicts.
-    Dropped,
-    /// key_id → group key.
-    Keys,
-    /// Node identity and per-scope records (heads, counters).
-    Meta,
-    /// scope ‖ first seq (big-endian) → the events of one commit in that
-    /// scope, consecutive from `first seq`: count ‖ (op ‖ borsh(Event))*.
-    /// One record per commit and scope, not per event.
-    Events,
-}
-
-impl Cf {
-    pub const ALL: [Cf; 9] =
-        [Cf::Ops, Cf::Pending, Cf::KeyWaits, Cf::Projection, Cf::Governance, Cf::Dropped, Cf::Keys, Cf::Meta, Cf::Events];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Cf::Ops => "ops",
-            Cf::Pending => "pending",
-            Cf::KeyWaits => "key_waits",
-            Cf::Projection => "projection",
-            Cf::Governance => "governance",
-            Cf::Dropped => "dropped",
-            Cf::Keys => "keys",
-            Cf::Meta => "meta",
-            Cf::Events => "events",
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Write {
-    Put(Cf, Vec<u8>, Vec<u8>),
-    Delete(Cf, Vec<u8>),
-}
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventOut {
     pub scope: Hash,
@@ -252,21 +199,6 @@ impl Scope {
         }
     }
 }
-
-/// The per-scope record in `Cf::Meta` (key `scope/` ‖ id). The engine
-/// fills all but `divergences`, which the projector counts and fills.
-#[derive(Clone, Debug, BorshSerialize, BorshDeserialize)]
-pub struct ScopeRecord {
-    pub genesis_applied: bool,
-    pub gov_heads: Vec<Hash>,
-    pub data_heads: Vec<Hash>,
-    pub applied: u64,
-    pub divergences: u64,
-    pub event_seq: u64,
-}
-
-pub const META_IDENTITY: &[u8] = b"identity";
-pub const META_SCOPE_PREFIX: &[u8] = b"scope/";
 
 /// The decrypted, rule-checked payload of an op about to be applied.
 enum Decrypted {
@@ -403,14 +335,6 @@ pub struct Engine {
     /// leave in `Commit::folds`.
     projector: Option<Projector>,
     pub stats: Stats,
-}
-
-pub(crate) fn scope_meta_key(scope: &Hash) -> Vec<u8> {
-    [META_SCOPE_PREFIX, scope.as_slice()].concat()
-}
-
-fn seq_and_bytes(seq: u64, bytes: &[u8]) -> Vec<u8> {
-    [&seq.to_le_bytes()[..], bytes].concat()
 }
 
 impl Engine {
@@ -1608,14 +1532,6 @@ impl Engine {
         e.run_cascade(now_ms);
         e
     }
-}
-
-fn decode_cell_record(v: &[u8]) -> (String, Vec<u8>, Cell) {
-    let mut r = crate::protocol::codec::Reader::new(v);
-    let entity = r.string(u32::MAX).expect("stored entity");
-    let key = r.bytes(u32::MAX).expect("stored key");
-    let cell = crate::protocol::codec::decode_cell(&v[r.position()..]).expect("stored cell");
-    (entity, key, cell)
 }
 
 #[cfg(test)]

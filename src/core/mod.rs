@@ -12,9 +12,11 @@ pub mod governance;
 pub mod projection;
 pub mod projector;
 pub mod smt;
+pub mod tables;
 pub mod types;
 
 pub use cold::ColdOps;
 pub use engine::*;
 pub use projector::{Check, Fold, Projector, ProjectorStats};
+pub use tables::{Cf, ScopeRecord, Write, META_IDENTITY, META_SCOPE_PREFIX};
 pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};

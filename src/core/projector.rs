@@ -11,8 +11,9 @@
 //! orderer judges N+1. Either way each commit is finished by
 //! [`Projector::finish_commit`] before it is written.
 
-use super::engine::{Cf, Commit, Write};
+use super::engine::Commit;
 use super::projection::Projection;
+use super::tables::{scope_meta_key, Cf, Write};
 use crate::protocol::{encode, Action, Hash, PublicKey, ZERO};
 
 /// One applied data op, for the fold.
@@ -158,7 +159,7 @@ impl Projector {
         self.settle();
         for (scope, mut rec) in c.records.drain(..) {
             rec.divergences = self.divergences(&scope);
-            c.writes.push(Write::Put(Cf::Meta, super::engine::scope_meta_key(&scope), encode(&rec)));
+            c.writes.push(Write::Put(Cf::Meta, scope_meta_key(&scope), encode(&rec)));
         }
         let mut touched = std::mem::take(&mut self.touched);
         touched.sort_unstable();
