@@ -13,8 +13,9 @@ use std::sync::Arc;
 use borsh::BorshDeserialize;
 
 use super::cold::{ColdOps, IdFilter};
+use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
-use super::projector::{Check, Fold, Projector};
+use super::projector::Projector;
 use super::tables::{decode_cell_record, seq_and_bytes, Cf, ScopeRecord, Write, META_SCOPE_PREFIX};
 use super::types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};
 use super::{IdMap, IdSet};
@@ -108,48 +109,6 @@ fn prepared_bytes(pre: &Option<Prepared>) -> usize {
     match pre {
         Some(Prepared { opened: Some(Some(p)), .. }) => p.len(),
         _ => 0,
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventOut {
-    pub scope: Hash,
-    /// Per-scope sequence number, from 1, in apply order.
-    pub seq: u64,
-    pub op: Hash,
-    pub kind: String,
-    pub data: Vec<u8>,
-}
-
-/// Everything handled since the last `take_commit`: to be written in one
-/// atomic batch; the events go out only once it is durable.
-#[derive(Default, Debug)]
-pub struct Commit {
-    pub writes: Vec<Write>,
-    pub events: Vec<EventOut>,
-    /// Ops applied, in apply order, with their scope (for gossip).
-    pub applied: Vec<(Hash, Hash)>,
-    /// The encodings of applied ops that this commit does not write (a
-    /// pending op's were written when it was buffered), for gossip.
-    pub released: Vec<(Hash, Vec<u8>)>,
-    /// Governance ops applied, for the pipeline's replicas of the index.
-    pub gov_applied: Vec<(Hash, GovNode)>,
-    /// Group keys accepted.
-    pub keys_added: Vec<[u8; 32]>,
-    /// This commit's number (consecutive from 0 per engine): the driver
-    /// reports it back through `Engine::note_durable` once it is written.
-    pub number: u64,
-    /// Data ops applied, in apply order, for a projector outside the engine
-    /// (`Engine::take_projector`); empty when the engine folds them itself.
-    pub folds: Vec<Fold>,
-    /// Records of the scopes this commit changed, written by
-    /// `Projector::finish_commit` with their divergence counts.
-    pub records: Vec<(Hash, ScopeRecord)>,
-}
-
-impl Commit {
-    pub fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.events.is_empty() && self.folds.is_empty() && self.records.is_empty()
     }
 }
 

@@ -7,6 +7,7 @@ pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomSta
 pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 pub mod cold;
+pub mod commit;
 pub mod engine;
 pub mod governance;
 pub mod projection;
@@ -17,6 +18,7 @@ pub mod types;
 
 pub use cold::ColdOps;
 pub use engine::*;
-pub use projector::{Check, Fold, Projector, ProjectorStats};
+pub use commit::{Check, Commit, EventOut, Fold};
+pub use projector::{Projector, ProjectorStats};
 pub use tables::{Cf, ScopeRecord, Write, META_IDENTITY, META_SCOPE_PREFIX};
 pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};
