@@ -15,12 +15,13 @@ use borsh::BorshDeserialize;
 use super::cold::{ColdOps, IdFilter};
 use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
+use super::prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 use super::projector::Projector;
 use super::tables::{decode_cell_record, seq_and_bytes, Cf, ScopeRecord, Write, META_SCOPE_PREFIX};
 use super::types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
-use crate::protocol::codec::{decode_data_payload, decode_gov_payload, decode_message, decode_op, op_body};
+use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, decode_op, op_body, Decoded};
 use crate::protocol::crypto::{delta_id_of_body, open_key_delivery, open_payload};
 use crate::protocol::*;
 
@@ -170,70 +171,6 @@ enum Judgement {
     Drop(Reason),
     Pending(Vec<Hash>),
     KeyWait,
-}
-
-/// A signature-checked op on its way in (`delta_id` recomputed).
-#[derive(Clone, Debug)]
-pub struct VerifiedOp {
-    pub id: Hash,
-    pub op: Op,
-    pub bytes: Vec<u8>,
-    /// Work the pipeline's stages did ahead of the engine.
-    pub pre: Prepared,
-}
-
-/// Authorization at the cut (SPEC §6 step 3, less `stale_cut`): a pure
-/// function of the op and `G(cut)`, so a stage holding a replica of the
-/// governance index computes the same verdict as the engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PreAuth {
-    Ok,
-    Unauthorized,
-    StaleKey,
-}
-
-pub fn authorize_at(g: &GovState, op: &Op) -> PreAuth {
-    let authorized = match (op.plane, g.role(&op.author)) {
-        (PLANE_GOVERNANCE, Some(Role::Admin)) => true,
-        (PLANE_DATA, Some(Role::Writer | Role::Admin)) => true,
-        _ => false,
-    };
-    if !authorized {
-        PreAuth::Unauthorized
-    } else if g.current_key() != Some(&op.key_id) {
-        PreAuth::StaleKey
-    } else {
-        PreAuth::Ok
-    }
-}
-
-/// Results computed ahead by the authorizer and decryptor stages; the
-/// engine uses them on an op's first judgement and computes anything
-/// missing itself.
-#[derive(Clone, Debug, Default)]
-pub struct Prepared {
-    pub auth: Option<PreAuth>,
-    /// The payload opened with the key of `key_id`: `Some(None)` is a tag
-    /// mismatch.
-    pub opened: Option<Option<Vec<u8>>>,
-}
-
-/// Decodes a frame's content; for an op, also returns its encoding and id.
-pub enum Decoded {
-    Op { id: Hash, op: Op, bytes: Vec<u8> },
-    Key(KeyDelivery),
-}
-
-/// Decode step of SPEC §6 step 1 (before the signature check).
-pub fn decode_frame(frame: &[u8]) -> Result<Decoded, DecodeError> {
-    match decode_message(frame)? {
-        Message::Op(op) => {
-            let bytes = frame[1..].to_vec();
-            let id = delta_id_of_body(op_body(&bytes));
-            Ok(Decoded::Op { id, op, bytes })
-        }
-        Message::Key(kd) => Ok(Decoded::Key(kd)),
-    }
 }
 
 pub struct Engine {

@@ -10,6 +10,7 @@ pub mod cold;
 pub mod commit;
 pub mod engine;
 pub mod governance;
+pub mod prejudge;
 pub mod projection;
 pub mod projector;
 pub mod smt;
@@ -17,8 +18,11 @@ pub mod tables;
 pub mod types;
 
 pub use cold::ColdOps;
+/// Frame decoding lives in `protocol`; re-exported here for the drivers.
+pub use crate::protocol::codec::{decode_frame, Decoded};
 pub use engine::*;
 pub use commit::{Check, Commit, EventOut, Fold};
+pub use prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 pub use projector::{Projector, ProjectorStats};
 pub use tables::{Cf, ScopeRecord, Write, META_IDENTITY, META_SCOPE_PREFIX};
 pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};
