@@ -7,18 +7,19 @@
 //! clocks or storage live here: the same code runs in tests, the simulation,
 //! the benchmarks and the node.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use borsh::BorshDeserialize;
 
+use super::buffers::{Buffered, Buffers};
 use super::cold::{ColdOps, IdFilter};
 use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
 use super::prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 use super::projector::Projector;
 use super::tables::{decode_cell_record, seq_and_bytes, Cf, ScopeRecord, Write, META_SCOPE_PREFIX};
-use super::types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};
+use super::types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
 use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, decode_op, op_body, Decoded};
@@ -41,121 +42,28 @@ enum Entry {
     Dropped { reason: Reason, scope: u32 },
 }
 
-struct Buffered {
-    op: Op,
-    bytes: Vec<u8>,
-    scope: u32,
-    kind: BufKind,
-    /// Pending, with its encoding in the ops table (`Cf::Ops`) since it was
-    /// buffered: applying it writes nothing more of it. False for a pending
-    /// record of the older layout (its encoding in the record itself).
-    in_ops: bool,
-    seq: u64,
-    /// Pending: the ids it is registered under in `waiters`.
-    missing: Vec<Hash>,
-    deadline_ms: u64,
-    since_ms: u64,
-    /// What the pipeline's authorizer and decryptor found (a pending op:
-    /// they ran before its parents arrived), kept so that its release does
-    /// not decrypt it again on the engine's thread. The plaintext counts
-    /// against `PREPARED_BYTES_MAX`, not the buffer bounds.
-    pre: Option<Prepared>,
-}
-
-/// Buffered ops by age (`seq`), oldest first, for eviction. Removal is
-/// lazy: an entry is live while its op is buffered with that `seq`; dead
-/// entries leave at the front, or all at once when they come to outnumber
-/// the live ones (so the deque stays within about twice the buffer). A
-/// `BTreeMap<seq, id>` did the same with an insert and a remove per
-/// buffered op, searched from the root each time.
-#[derive(Default)]
-struct AgeOrder(VecDeque<(u64, Hash)>);
-
-impl AgeOrder {
-    fn is_live(buffered: &IdMap<Hash, Box<Buffered>>, (seq, id): &(u64, Hash)) -> bool {
-        buffered.get(id).is_some_and(|b| b.seq == *seq)
-    }
-
-    /// Appends an op just buffered with a new `seq` (`live`: how many ops
-    /// this order holds, this one included).
-    fn push(&mut self, seq: u64, id: Hash, live: u64, buffered: &IdMap<Hash, Box<Buffered>>) {
-        self.0.push_back((seq, id));
-        if self.0.len() as u64 > 2 * live + 64 {
-            self.0.retain(|e| Self::is_live(buffered, e));
-        }
-    }
-
-    /// The oldest live entry, dropping the dead ones before it.
-    fn oldest(&mut self, buffered: &IdMap<Hash, Box<Buffered>>) -> Option<Hash> {
-        while let Some(front) = self.0.front() {
-            if Self::is_live(buffered, front) {
-                return Some(front.1);
-            }
-            self.0.pop_front();
-        }
-        None
-    }
-
-    fn sort(&mut self) {
-        self.0.make_contiguous().sort_unstable();
-    }
-}
-
-/// Plaintext of buffered ops kept from the pipeline's decryptor, all scopes
-/// together; beyond, a buffered op keeps only its authorization and is
-/// decrypted again when released.
-const PREPARED_BYTES_MAX: usize = 32 << 20;
-
-fn prepared_bytes(pre: &Option<Prepared>) -> usize {
-    match pre {
-        Some(Prepared { opened: Some(Some(p)), .. }) => p.len(),
-        _ => 0,
-    }
-}
-
-pub struct Scope {
-    pub id: Hash,
-    pub genesis_applied: bool,
-    pub gov_heads: BTreeSet<Hash>,
-    pub data_heads: BTreeSet<Hash>,
-    pub applied: u64,
-    pub pending: u64,
-    pub key_waiting: u64,
-    pub data_key_waiting: u64,
-    pub buffered_bytes: u64,
-    pub event_seq: u64,
-    /// Buffered ops of this scope by age, for eviction oldest first.
-    order: AgeOrder,
+/// One scope's state in the engine (its buffered ops are counted in
+/// `Buffers`, its cells in the projector).
+struct ScopeState {
+    id: Hash,
+    genesis_applied: bool,
+    gov_heads: BTreeSet<Hash>,
+    data_heads: BTreeSet<Hash>,
+    applied: u64,
+    event_seq: u64,
     dirty: bool,
 }
 
-impl Scope {
+impl ScopeState {
     fn new(id: Hash) -> Self {
-        Scope {
+        ScopeState {
             id,
             genesis_applied: false,
             gov_heads: BTreeSet::new(),
             data_heads: BTreeSet::new(),
             applied: 0,
-            pending: 0,
-            key_waiting: 0,
-            data_key_waiting: 0,
-            buffered_bytes: 0,
             event_seq: 0,
-            order: AgeOrder::default(),
             dirty: false,
-        }
-    }
-
-    fn buffered_ops(&self) -> u64 {
-        self.pending + self.key_waiting + self.data_key_waiting
-    }
-
-    fn count_mut(&mut self, kind: BufKind) -> &mut u64 {
-        match kind {
-            BufKind::Pending => &mut self.pending,
-            BufKind::KeyWait => &mut self.key_waiting,
-            BufKind::DataKeyWait => &mut self.data_key_waiting,
         }
     }
 }
@@ -177,28 +85,18 @@ pub struct Engine {
     cfg: Config,
     identity: Identity,
     ops: IdMap<Hash, Entry>,
-    /// Boxed: a `Buffered` is a few hundred bytes, and a map of 100k of
-    /// them moved every entry at each growth.
-    buffered: IdMap<Hash, Box<Buffered>>,
+    /// The ops not yet applied (`Entry::Buffered` in `ops`).
+    buffers: Buffers,
     /// Ids waited on that were not known when first waited on: a superset
     /// of what `wanted` returns (see there).
     maybe_wanted: IdSet<Hash>,
-    /// Plaintext held in `buffered` entries' `pre` (see `PREPARED_BYTES_MAX`).
-    prepared_bytes_total: usize,
-    /// Pending-by-parent: a missing id → the ops buffered on it.
-    waiters: IdMap<Hash, Vec<Hash>>,
-    /// key_id → the ops waiting for it.
-    key_waiters: IdMap<Hash, Vec<Hash>>,
-    data_deadlines: BTreeMap<(u64, u64), Hash>,
     keys: IdMap<Hash, [u8; 32]>,
-    scopes: Vec<Scope>,
+    scopes: Vec<ScopeState>,
     scope_index: IdMap<Hash, u32>,
     cuts: Vec<Arc<[Hash]>>,
     cut_index: IdMap<Arc<[Hash]>, u32>,
     gov: Governance,
     dropped_order: VecDeque<(u64, Hash)>,
-    global_order: AgeOrder,
-    buffered_bytes_total: u64,
     seq: u64,
     work: VecDeque<Hash>,
     out: Commit,
@@ -235,16 +133,13 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(cfg: Config, identity: Identity) -> Self {
+        let buffers = Buffers::new(&cfg);
         let mut e = Engine {
             cfg,
             identity,
             ops: IdMap::default(),
-            buffered: IdMap::default(),
+            buffers,
             maybe_wanted: IdSet::default(),
-            prepared_bytes_total: 0,
-            waiters: IdMap::default(),
-            key_waiters: IdMap::default(),
-            data_deadlines: BTreeMap::new(),
             keys: IdMap::default(),
             scopes: Vec::new(),
             scope_index: IdMap::default(),
@@ -252,8 +147,6 @@ impl Engine {
             cut_index: IdMap::default(),
             gov: Governance::default(),
             dropped_order: VecDeque::new(),
-            global_order: AgeOrder::default(),
-            buffered_bytes_total: 0,
             seq: 1,
             work: VecDeque::new(),
             out: Commit::default(),
@@ -369,7 +262,8 @@ impl Engine {
             return *i;
         }
         let i = self.scopes.len() as u32;
-        self.scopes.push(Scope::new(*scope));
+        self.scopes.push(ScopeState::new(*scope));
+        self.buffers.add_scope();
         self.scope_index.insert(*scope, i);
         i
     }
@@ -458,7 +352,7 @@ impl Engine {
         self.stats.keys_accepted += 1;
         self.out.keys_added.push(key);
         self.out.writes.push(Write::Put(Cf::Keys, key_id.to_vec(), key.to_vec()));
-        if let Some(ws) = self.key_waiters.remove(&key_id) {
+        if let Some(ws) = self.buffers.take_key_waiters(&key_id) {
             self.work.extend(ws);
         }
     }
@@ -470,14 +364,10 @@ impl Engine {
     /// Drops data ops whose key wait expired (`key_timeout`: not a verdict,
     /// they are forgotten and judged afresh if delivered again).
     pub fn handle_tick(&mut self, now_ms: u64) {
-        while let Some((&(deadline, seq), &id)) = self.data_deadlines.iter().next() {
-            if deadline > now_ms {
-                break;
-            }
-            self.data_deadlines.remove(&(deadline, seq));
+        while let Some(id) = self.buffers.pop_expired(now_ms) {
             if let Some(b) = self.take_buffered(&id) {
                 self.forget(&id);
-                self.unregister(&id, &b);
+                self.buffers.unregister(&id, &b);
                 self.stats.key_timeouts += 1;
             }
         }
@@ -485,7 +375,7 @@ impl Engine {
 
     /// The earliest data key-wait deadline, for the caller's timer.
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        self.data_deadlines.keys().next().map(|(d, _)| *d)
+        self.buffers.next_deadline_ms()
     }
 
     // ----- judging ------------------------------------------------------
@@ -632,7 +522,6 @@ impl Engine {
                     prior => {
                         self.forget_prior(&id, prior.as_deref(), false);
                         for m in &missing {
-                            self.waiters.entry(*m).or_default().push(id);
                             self.note_waited(m);
                         }
                         self.buffer(op, bytes, id, scope, BufKind::Pending, missing, pre, now_ms);
@@ -642,7 +531,6 @@ impl Engine {
             }
             Judgement::KeyWait => {
                 self.forget_prior(&id, prior.as_deref(), false);
-                self.key_waiters.entry(op.key_id).or_default().push(id);
                 let kind = if op.plane == PLANE_GOVERNANCE { BufKind::KeyWait } else { BufKind::DataKeyWait };
                 self.buffer(op, bytes, id, scope, kind, Vec::new(), None, now_ms);
                 Outcome::NotYet(kind)
@@ -714,16 +602,15 @@ impl Engine {
             BufKind::DataKeyWait => {}
         }
         let deadline_ms = now_ms.saturating_add(self.cfg.data_key_wait_ms);
-        if kind == BufKind::DataKeyWait {
-            self.data_deadlines.insert((deadline_ms, seq), id);
-        }
         match kind {
             BufKind::Pending => self.stats.buffered_pending += 1,
             BufKind::KeyWait => self.stats.buffered_key_wait += 1,
             BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
         }
         let in_ops = kind == BufKind::Pending;
-        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms, since_ms: now_ms, pre }), true);
+        let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms, since_ms: now_ms, pre });
+        self.buffers.register(id, &b);
+        self.put_buffered(id, b, true);
         self.enforce_bounds(scope);
     }
 
@@ -733,85 +620,24 @@ impl Engine {
         s
     }
 
-    /// Registers a buffered op; `fresh` when its `seq` is new, not when it
-    /// goes back to the buffer it was just taken from (its age entries are
-    /// still in place: nothing between `take_buffered` and this call pops
-    /// or compacts them).
-    fn put_buffered(&mut self, id: Hash, mut b: Box<Buffered>, fresh: bool) {
-        let kept = prepared_bytes(&b.pre);
-        if kept > 0 && self.prepared_bytes_total + kept > PREPARED_BYTES_MAX {
-            if let Some(p) = b.pre.as_mut() {
-                p.opened = None;
-            }
-        }
-        self.prepared_bytes_total += prepared_bytes(&b.pre);
+    /// Puts an op in its buffer (`Buffers::put`) and marks it buffered.
+    fn put_buffered(&mut self, id: Hash, b: Box<Buffered>, fresh: bool) {
         self.touched.push(b.scope);
-        let s = &mut self.scopes[b.scope as usize];
-        *s.count_mut(b.kind) += 1;
-        s.buffered_bytes += b.bytes.len() as u64;
-        let (seq, scope, scope_ops) = (b.seq, b.scope as usize, s.buffered_ops());
-        self.buffered_bytes_total += b.bytes.len() as u64;
         self.ops.insert(id, Entry::Buffered);
-        self.buffered.insert(id, b);
-        if fresh {
-            let buffered = &self.buffered;
-            self.scopes[scope].order.push(seq, id, scope_ops, buffered);
-            self.global_order.push(seq, id, buffered.len() as u64, buffered);
-        }
+        self.buffers.put(id, b, fresh);
     }
 
-    /// Removes a buffered op from the buffer indexes (not from `ops`, the
-    /// waiter lists or the store).
+    /// Takes an op out of its buffer (not out of `ops`, the waiter lists or
+    /// the store).
     fn take_buffered(&mut self, id: &Hash) -> Option<Box<Buffered>> {
-        let b = self.buffered.remove(id)?;
-        self.prepared_bytes_total -= prepared_bytes(&b.pre);
+        let b = self.buffers.take(id)?;
         self.touched.push(b.scope);
-        let s = &mut self.scopes[b.scope as usize];
-        *s.count_mut(b.kind) -= 1;
-        s.buffered_bytes -= b.bytes.len() as u64;
-        self.buffered_bytes_total -= b.bytes.len() as u64;
         Some(b)
-    }
-
-    /// Removes a buffered op from the lists it is registered in.
-    fn unregister(&mut self, id: &Hash, b: &Buffered) {
-        for m in &b.missing {
-            if let Some(list) = self.waiters.get_mut(m) {
-                list.retain(|x| x != id);
-                if list.is_empty() {
-                    self.waiters.remove(m);
-                }
-            }
-        }
-        if b.kind != BufKind::Pending {
-            if let Some(list) = self.key_waiters.get_mut(&b.op.key_id) {
-                list.retain(|x| x != id);
-                if list.is_empty() {
-                    self.key_waiters.remove(&b.op.key_id);
-                }
-            }
-        }
-        if b.kind == BufKind::DataKeyWait {
-            self.data_deadlines.remove(&(b.deadline_ms, b.seq));
-        }
     }
 
     /// SPEC §7: what overflows is evicted oldest first and counted.
     fn enforce_bounds(&mut self, scope: u32) {
-        loop {
-            let s = &mut self.scopes[scope as usize];
-            let victim = if s.buffered_ops() > self.cfg.buffered_ops_per_scope_max
-                || s.buffered_bytes > self.cfg.buffered_bytes_per_scope_max
-            {
-                s.order.oldest(&self.buffered)
-            } else if self.buffered.len() as u64 > self.cfg.buffered_ops_total_max
-                || self.buffered_bytes_total > self.cfg.buffered_bytes_total_max
-            {
-                self.global_order.oldest(&self.buffered)
-            } else {
-                return;
-            };
-            let id = victim.expect("an over-full buffer holds an op");
+        while let Some(id) = self.buffers.over_bound_oldest(scope) {
             self.evict(&id);
         }
     }
@@ -819,7 +645,7 @@ impl Engine {
     fn evict(&mut self, id: &Hash) {
         let b = self.take_buffered(id).expect("evicting a buffered op");
         self.forget(id);
-        self.unregister(id, &b);
+        self.buffers.unregister(id, &b);
         self.forget_prior(id, Some(&b), false);
         self.stats.evicted += 1;
     }
@@ -841,7 +667,7 @@ impl Engine {
                 self.out.writes.push(Write::Delete(Cf::Dropped, old.to_vec()));
             }
         }
-        if let Some(ws) = self.waiters.remove(&id) {
+        if let Some(ws) = self.buffers.take_waiters(&id) {
             self.work.extend(ws);
         }
     }
@@ -917,7 +743,7 @@ impl Engine {
             }
             self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), bytes));
         }
-        if let Some(ws) = self.waiters.remove(&id) {
+        if let Some(ws) = self.buffers.take_waiters(&id) {
             self.work.extend(ws);
         }
     }
@@ -955,9 +781,7 @@ impl Engine {
                 continue; // Evicted, expired, or already settled this cascade.
             };
             self.stats.cascade_released += 1;
-            if b.kind == BufKind::DataKeyWait {
-                self.data_deadlines.remove(&(b.deadline_ms, b.seq));
-            }
+            self.buffers.cancel_deadline(&b);
             // Move the op out (no copy); a re-buffered op gets it back.
             let mut b = b;
             let op = std::mem::replace(&mut b.op, empty_op());
@@ -1059,8 +883,22 @@ impl Engine {
         v
     }
 
-    pub fn scope(&self, id: &Hash) -> Option<&Scope> {
-        self.scope_index.get(id).map(|i| &self.scopes[*i as usize])
+    /// A scope's state and buffer counts, for tests and tools.
+    pub fn scope(&self, id: &Hash) -> Option<Scope> {
+        let i = *self.scope_index.get(id)?;
+        let (s, c) = (&self.scopes[i as usize], self.buffers.counts(i));
+        Some(Scope {
+            id: s.id,
+            genesis_applied: s.genesis_applied,
+            gov_heads: s.gov_heads.clone(),
+            data_heads: s.data_heads.clone(),
+            applied: s.applied,
+            pending: c.pending,
+            key_waiting: c.key_waiting,
+            data_key_waiting: c.data_key_waiting,
+            buffered_bytes: c.bytes,
+            event_seq: s.event_seq,
+        })
     }
 
     /// The scope root, when the engine folds (see `take_projector`).
@@ -1080,16 +918,16 @@ impl Engine {
             return None;
         }
         let root = self.root_of(id);
-        let s = &self.scopes[i as usize];
+        let (s, c) = (&self.scopes[i as usize], self.buffers.counts(i));
         Some(ScopeStatus {
             scope: s.id,
             root,
             data_heads: s.data_heads.iter().copied().collect(),
             governance_heads: s.gov_heads.iter().copied().collect(),
             applied: s.applied,
-            pending: s.pending,
-            key_waiting: s.key_waiting,
-            data_key_waiting: s.data_key_waiting,
+            pending: c.pending,
+            key_waiting: c.key_waiting,
+            data_key_waiting: c.data_key_waiting,
         })
     }
 
@@ -1104,7 +942,7 @@ impl Engine {
                     r.dropped.insert(*op_id, *reason);
                 }
                 Entry::Buffered => {
-                    let b = &self.buffered[op_id];
+                    let b = self.buffers.get(op_id).expect("a buffered op is in its buffer");
                     if b.scope == i {
                         match b.kind {
                             BufKind::Pending => r.pending.push(*op_id),
@@ -1150,7 +988,7 @@ impl Engine {
             None => OpState::Unknown,
             Some(Entry::Applied(_)) => OpState::Applied,
             Some(Entry::Dropped { reason, .. }) => OpState::Dropped(*reason),
-            Some(Entry::Buffered) => OpState::Buffered(self.buffered[id].kind),
+            Some(Entry::Buffered) => OpState::Buffered(self.buffers.get(id).expect("a buffered op is in its buffer").kind),
         }
     }
 
@@ -1161,8 +999,8 @@ impl Engine {
     /// in `maybe_wanted` and pruned here), not every id waited on: in a long
     /// reversed chain nearly all of those are known, buffered themselves.
     pub fn wanted(&mut self, max: usize) -> Vec<Hash> {
-        let (ops, waiters) = (&self.ops, &self.waiters);
-        self.maybe_wanted.retain(|id| !ops.contains_key(id) && waiters.contains_key(id));
+        let (ops, buffers) = (&self.ops, &self.buffers);
+        self.maybe_wanted.retain(|id| !ops.contains_key(id) && buffers.is_waited_on(id));
         self.maybe_wanted.iter().take(max).copied().collect()
     }
 
@@ -1177,13 +1015,13 @@ impl Engine {
     /// later copy is judged afresh. Ops still waiting on it now want it.
     fn forget(&mut self, id: &Hash) {
         self.ops.remove(id);
-        if self.waiters.contains_key(id) {
+        if self.buffers.is_waited_on(id) {
             self.maybe_wanted.insert(*id);
         }
     }
 
     pub fn buffered_total(&self) -> (u64, u64) {
-        (self.buffered.len() as u64, self.buffered_bytes_total)
+        self.buffers.total()
     }
 
     pub fn applied_total(&self) -> u64 {
@@ -1223,8 +1061,7 @@ impl Engine {
 
     /// When the oldest buffered op was buffered (ms), for the age metric.
     pub fn oldest_buffered_since_ms(&mut self) -> Option<u64> {
-        let id = self.global_order.oldest(&self.buffered)?;
-        Some(self.buffered[&id].since_ms)
+        self.buffers.oldest_since_ms()
     }
 
     /// Per-scope event sequence numbers (the last one handed out).
@@ -1395,33 +1232,24 @@ impl Engine {
                     }
                 }
                 for m in &missing {
-                    e.waiters.entry(*m).or_default().push(id);
                     e.note_waited(m);
                 }
                 if missing.is_empty() {
                     e.work.push_back(id);
                 }
-            } else {
-                e.key_waiters.entry(op.key_id).or_default().push(id);
-                if e.keys.contains_key(&op.key_id) {
-                    e.work.push_back(id);
-                }
+            } else if e.keys.contains_key(&op.key_id) {
+                e.work.push_back(id);
             }
-            e.put_buffered(
-                id,
-                Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None }),
-                true,
-            );
+            let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None });
+            e.buffers.register(id, &b);
+            e.put_buffered(id, b, true);
         }
         // The records were read in id order: age order is by seq.
-        for s in &mut e.scopes {
-            s.order.sort();
-        }
-        e.global_order.sort();
+        e.buffers.sort_age_orders();
         // Ops whose dependency is a remembered drop go on to be dropped.
-        let doomed: Vec<Hash> = e.waiters.keys().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
+        let doomed: Vec<Hash> = e.buffers.waited_on().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
         for d in doomed {
-            if let Some(ws) = e.waiters.remove(&d) {
+            if let Some(ws) = e.buffers.take_waiters(&d) {
                 e.work.extend(ws);
             }
         }

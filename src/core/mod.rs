@@ -6,6 +6,7 @@
 pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
+mod buffers;
 pub mod cold;
 pub mod commit;
 pub mod engine;
@@ -25,4 +26,4 @@ pub use commit::{Check, Commit, EventOut, Fold};
 pub use prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 pub use projector::{Projector, ProjectorStats};
 pub use tables::{Cf, ScopeRecord, Write, META_IDENTITY, META_SCOPE_PREFIX};
-pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, ScopeReport, ScopeStatus, Stats};
+pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};

@@ -3,7 +3,7 @@
 //! `Reason`, `BufKind`, `OpState`, `ScopeStatus`, `ScopeReport`) and what it
 //! counts (`Stats`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::limits;
 use crate::protocol::crypto::x25519_public;
@@ -187,6 +187,20 @@ impl std::fmt::Debug for Identity {
     }
 }
 
+
+/// A scope as the engine holds it (`Engine::scope`), for tests and tools.
+pub struct Scope {
+    pub id: Hash,
+    pub genesis_applied: bool,
+    pub gov_heads: BTreeSet<Hash>,
+    pub data_heads: BTreeSet<Hash>,
+    pub applied: u64,
+    pub pending: u64,
+    pub key_waiting: u64,
+    pub data_key_waiting: u64,
+    pub buffered_bytes: u64,
+    pub event_seq: u64,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpState {
