@@ -7,10 +7,8 @@
 //! clocks or storage live here: the same code runs in tests, the simulation,
 //! the benchmarks and the node.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
-
-use borsh::BorshDeserialize;
 
 use super::buffers::{Buffered, Buffers};
 use super::cold::{ColdOps, IdFilter};
@@ -18,25 +16,25 @@ use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
 use super::prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 use super::projector::Projector;
-use super::tables::{decode_cell_record, seq_and_bytes, Cf, ScopeRecord, Write, META_SCOPE_PREFIX};
+use super::tables::{seq_and_bytes, Cf, ScopeRecord, Write};
 use super::types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
-use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, decode_op, op_body, Decoded};
-use crate::protocol::crypto::{delta_id_of_body, open_key_delivery, open_payload};
+use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, decode_op, Decoded};
+use crate::protocol::crypto::{open_key_delivery, open_payload};
 use crate::protocol::*;
 
 #[derive(Clone, Copy, Debug)]
-struct AppliedMeta {
-    scope: u32,
-    plane: u8,
-    hlc: u64,
+pub(super) struct AppliedMeta {
+    pub(super) scope: u32,
+    pub(super) plane: u8,
+    pub(super) hlc: u64,
     /// Interned cut (SPEC §3) of the op; only read for data ops.
-    cut: u32,
+    pub(super) cut: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
-enum Entry {
+pub(super) enum Entry {
     Applied(AppliedMeta),
     Buffered,
     Dropped { reason: Reason, scope: u32 },
@@ -44,13 +42,13 @@ enum Entry {
 
 /// One scope's state in the engine (its buffered ops are counted in
 /// `Buffers`, its cells in the projector).
-struct ScopeState {
-    id: Hash,
-    genesis_applied: bool,
-    gov_heads: BTreeSet<Hash>,
-    data_heads: BTreeSet<Hash>,
-    applied: u64,
-    event_seq: u64,
+pub(super) struct ScopeState {
+    pub(super) id: Hash,
+    pub(super) genesis_applied: bool,
+    pub(super) gov_heads: BTreeSet<Hash>,
+    pub(super) data_heads: BTreeSet<Hash>,
+    pub(super) applied: u64,
+    pub(super) event_seq: u64,
     dirty: bool,
 }
 
@@ -84,21 +82,21 @@ enum Judgement {
 pub struct Engine {
     cfg: Config,
     identity: Identity,
-    ops: IdMap<Hash, Entry>,
+    pub(super) ops: IdMap<Hash, Entry>,
     /// The ops not yet applied (`Entry::Buffered` in `ops`).
-    buffers: Buffers,
+    pub(super) buffers: Buffers,
     /// Ids waited on that were not known when first waited on: a superset
     /// of what `wanted` returns (see there).
     maybe_wanted: IdSet<Hash>,
-    keys: IdMap<Hash, [u8; 32]>,
-    scopes: Vec<ScopeState>,
+    pub(super) keys: IdMap<Hash, [u8; 32]>,
+    pub(super) scopes: Vec<ScopeState>,
     scope_index: IdMap<Hash, u32>,
     cuts: Vec<Arc<[Hash]>>,
     cut_index: IdMap<Arc<[Hash]>, u32>,
-    gov: Governance,
-    dropped_order: VecDeque<(u64, Hash)>,
-    seq: u64,
-    work: VecDeque<Hash>,
+    pub(super) gov: Governance,
+    pub(super) dropped_order: VecDeque<(u64, Hash)>,
+    pub(super) seq: u64,
+    pub(super) work: VecDeque<Hash>,
     out: Commit,
     /// Scopes whose status changed since `take_touched_scopes`.
     touched: Vec<u32>,
@@ -113,8 +111,8 @@ pub struct Engine {
     ops_deleted: IdMap<Hash, u64>,
     /// The cold index (see `core::cold`): none, and every applied op stays
     /// in `ops`.
-    cold: Option<Box<dyn ColdOps>>,
-    cold_filter: IdFilter,
+    pub(super) cold: Option<Box<dyn ColdOps>>,
+    pub(super) cold_filter: IdFilter,
     /// Applied ops in `ops`, oldest first, with the number of the commit
     /// that applied them (an id read back from the cold index comes again).
     hot_order: VecDeque<(u64, Hash)>,
@@ -127,7 +125,7 @@ pub struct Engine {
     /// The fold, when the engine runs it itself; `None` once a driver took
     /// it to run after the engine (`take_projector`): applied data ops then
     /// leave in `Commit::folds`.
-    projector: Option<Projector>,
+    pub(super) projector: Option<Projector>,
     pub stats: Stats,
 }
 
@@ -246,7 +244,7 @@ impl Engine {
         &self.cfg
     }
 
-    fn intern_cut(&mut self, cut: &[Hash]) -> u32 {
+    pub(super) fn intern_cut(&mut self, cut: &[Hash]) -> u32 {
         if let Some(i) = self.cut_index.get(cut) {
             return *i;
         }
@@ -257,7 +255,7 @@ impl Engine {
         i
     }
 
-    fn scope_idx(&mut self, scope: &Hash) -> u32 {
+    pub(super) fn scope_idx(&mut self, scope: &Hash) -> u32 {
         if let Some(i) = self.scope_index.get(scope) {
             return *i;
         }
@@ -380,7 +378,7 @@ impl Engine {
 
     // ----- judging ------------------------------------------------------
 
-    fn applied(&mut self, id: &Hash) -> Option<AppliedMeta> {
+    pub(super) fn applied(&mut self, id: &Hash) -> Option<AppliedMeta> {
         match self.ops.get(id) {
             Some(Entry::Applied(m)) => Some(*m),
             Some(_) => None,
@@ -621,7 +619,7 @@ impl Engine {
     }
 
     /// Puts an op in its buffer (`Buffers::put`) and marks it buffered.
-    fn put_buffered(&mut self, id: Hash, b: Box<Buffered>, fresh: bool) {
+    pub(super) fn put_buffered(&mut self, id: Hash, b: Box<Buffered>, fresh: bool) {
         self.touched.push(b.scope);
         self.ops.insert(id, Entry::Buffered);
         self.buffers.put(id, b, fresh);
@@ -771,7 +769,7 @@ impl Engine {
 
     /// The cascade (SPEC §6 step 5): an explicit work list, each woken op
     /// judged once per wake; no recursion, no rescans.
-    fn run_cascade(&mut self, now_ms: u64) {
+    pub(super) fn run_cascade(&mut self, now_ms: u64) {
         let mut steps: u64 = 0;
         while steps < self.cascade_budget {
             let Some(id) = self.work.pop_front() else { break };
@@ -1005,7 +1003,7 @@ impl Engine {
     }
 
     /// Records that an op waits on `m`, for [`Engine::wanted`].
-    fn note_waited(&mut self, m: &Hash) {
+    pub(super) fn note_waited(&mut self, m: &Hash) {
         if !self.ops.contains_key(m) {
             self.maybe_wanted.insert(*m);
         }
@@ -1107,159 +1105,8 @@ fn governance_payload_ok(p: &GovPayload) -> bool {
         })
 }
 
-// ----- restoring from the store ------------------------------------------
-
-/// Read access to the tables, for `Engine::restore`.
-pub trait TableScan {
-    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8]));
-}
-
-impl Engine {
-    /// Rebuilds the in-memory indexes from the tables written by earlier
-    /// commits: nothing is re-folded (cells are read back, the tree is
-    /// rebuilt from them). Buffered ops whose wait is already over (which a
-    /// consistent store never has) are re-judged; call `take_commit` after.
-    ///
-    /// With a cold index (`cold`, reading the same store), the applied ops
-    /// read back go to its filter, not to the in-memory index.
-    pub fn restore(cfg: Config, identity: Identity, t: &dyn TableScan, cold: Option<Box<dyn ColdOps>>, now_ms: u64) -> Engine {
-        let mut e = Engine::new(cfg, identity);
-        if let Some(cold) = cold {
-            e.set_cold(cold);
-        }
-        t.scan(Cf::Keys, &mut |k, v| {
-            let key_id: Hash = k.try_into().expect("key id is 32 bytes");
-            let key: [u8; 32] = v.try_into().expect("a group key is 32 bytes");
-            assert_eq!(crate::protocol::crypto::key_id_of(&key), key_id, "stored key matches its id");
-            e.keys.insert(key_id, key);
-        });
-        t.scan(Cf::Meta, &mut |k, v| {
-            if let Some(scope) = k.strip_prefix(META_SCOPE_PREFIX) {
-                let scope: Hash = scope.try_into().expect("scope id is 32 bytes");
-                let rec = ScopeRecord::try_from_slice(v).expect("scope record decodes");
-                let i = e.scope_idx(&scope);
-                let s = &mut e.scopes[i as usize];
-                s.genesis_applied = rec.genesis_applied;
-                s.gov_heads = rec.gov_heads.into_iter().collect();
-                s.data_heads = rec.data_heads.into_iter().collect();
-                s.applied = rec.applied;
-                s.event_seq = rec.event_seq;
-                e.projector.as_mut().expect("a new engine folds").restore_divergences(scope, rec.divergences);
-            }
-        });
-        let mut gov_records: HashMap<Hash, Vec<u8>> = HashMap::new();
-        t.scan(Cf::Governance, &mut |k, v| {
-            gov_records.insert(k.try_into().expect("op id is 32 bytes"), v.to_vec());
-        });
-        // Pending records first: the ops table holds their ops, which are
-        // not applied. A record is the op's seq; one written before session
-        // 13 is seq ‖ op, its op not in the ops table.
-        let mut pending: HashMap<Hash, (u64, Option<Vec<u8>>, bool)> = HashMap::new();
-        t.scan(Cf::Pending, &mut |k, v| {
-            let seq = u64::from_le_bytes(v[..8].try_into().expect("a pending record starts with its seq"));
-            let old_layout = v.len() > 8;
-            pending.insert(k.try_into().expect("op id is 32 bytes"), (seq, old_layout.then(|| v[8..].to_vec()), !old_layout));
-        });
-        let mut per_scope_applied: HashMap<u32, u64> = HashMap::new();
-        t.scan(Cf::Ops, &mut |k, v| {
-            let id: Hash = k.try_into().expect("op id is 32 bytes");
-            if let Some(p) = pending.get_mut(&id) {
-                assert!(p.2, "an op in the ops table has a pending record of the current layout");
-                p.1 = Some(v.to_vec());
-                return;
-            }
-            let op = decode_op(v).expect("a stored op decodes");
-            assert_eq!(delta_id_of_body(op_body(v)), id, "a stored op sits under its id");
-            let scope = e.scope_idx(&op.scope_of(&id));
-            if e.cold.is_some() {
-                e.cold_filter.insert(&id);
-            } else {
-                let cut = e.intern_cut(op.cut_ids());
-                e.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
-            }
-            *per_scope_applied.entry(scope).or_default() += 1;
-            if op.plane == PLANE_GOVERNANCE {
-                let rec = gov_records.remove(&id).expect("an applied governance op has its record");
-                let depth = u32::from_le_bytes(rec[..4].try_into().unwrap());
-                let p = decode_gov_payload(&rec[4..]).expect("stored governance payload decodes");
-                e.gov.insert(id, GovNode { parents: op.parents, depth, author: op.author, actions: p.actions });
-            }
-        });
-        assert!(gov_records.is_empty(), "every governance record has its op");
-        for (scope, n) in per_scope_applied {
-            assert_eq!(e.scopes[scope as usize].applied, n, "scope record counts its applied ops");
-        }
-        t.scan(Cf::Projection, &mut |k, v| {
-            let scope: Hash = k[..32].try_into().expect("scope ‖ path");
-            let path: Hash = k[32..].try_into().expect("scope ‖ path");
-            let (entity, key, cell) = decode_cell_record(v);
-            e.scope_idx(&scope);
-            e.projector.as_mut().expect("a new engine folds").restore_cell(scope, path, entity, key, cell);
-        });
-        let mut dropped: Vec<(u64, Hash, Reason, Hash)> = Vec::new();
-        t.scan(Cf::Dropped, &mut |k, v| {
-            let reason = Reason::from_code(v[0]).expect("stored reason is known");
-            let scope: Hash = v[1..33].try_into().unwrap();
-            let seq = u64::from_le_bytes(v[33..41].try_into().unwrap());
-            dropped.push((seq, k.try_into().unwrap(), reason, scope));
-        });
-        dropped.sort();
-        for (seq, id, reason, scope) in dropped {
-            let scope = e.scope_idx(&scope);
-            e.ops.insert(id, Entry::Dropped { reason, scope });
-            e.dropped_order.push_back((seq, id));
-            e.seq = e.seq.max(seq + 1);
-        }
-        let mut buffered: Vec<(u64, Hash, Vec<u8>, BufKind, bool)> = Vec::new();
-        for (id, (seq, bytes, in_ops)) in pending {
-            buffered.push((seq, id, bytes.expect("a pending record has its op"), BufKind::Pending, in_ops));
-        }
-        t.scan(Cf::KeyWaits, &mut |k, v| {
-            let seq = u64::from_le_bytes(v[..8].try_into().unwrap());
-            buffered.push((seq, k.try_into().unwrap(), v[8..].to_vec(), BufKind::KeyWait, false));
-        });
-        buffered.sort_by_key(|b| b.0);
-        for (seq, id, bytes, kind, in_ops) in buffered {
-            let op = decode_op(&bytes).expect("a buffered op decodes");
-            assert_eq!(delta_id_of_body(op_body(&bytes)), id, "a buffered op sits under its id");
-            let scope = e.scope_idx(&op.scope_of(&id));
-            e.seq = e.seq.max(seq + 1);
-            let mut missing = Vec::new();
-            if kind == BufKind::Pending {
-                for d in op.dependencies() {
-                    if e.applied(d).is_none() {
-                        missing.push(*d);
-                    }
-                }
-                for m in &missing {
-                    e.note_waited(m);
-                }
-                if missing.is_empty() {
-                    e.work.push_back(id);
-                }
-            } else if e.keys.contains_key(&op.key_id) {
-                e.work.push_back(id);
-            }
-            let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None });
-            e.buffers.register(id, &b);
-            e.put_buffered(id, b, true);
-        }
-        // The records were read in id order: age order is by seq.
-        e.buffers.sort_age_orders();
-        // Ops whose dependency is a remembered drop go on to be dropped.
-        let doomed: Vec<Hash> = e.buffers.waited_on().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
-        for d in doomed {
-            if let Some(ws) = e.buffers.take_waiters(&d) {
-                e.work.extend(ws);
-            }
-        }
-        e.run_cascade(now_ms);
-        e
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::memory::MemStore;
     use crate::store::Store;
@@ -1275,13 +1122,16 @@ mod tests {
         }
 
         fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) {
-            self.0.lock().unwrap().scan(Cf::Ops, &mut |k, v| f(&k.try_into().unwrap(), v))
+            let store = self.0.lock().unwrap();
+            for (k, v) in store.table(Cf::Ops).into_iter().flatten() {
+                f(&k.as_slice().try_into().unwrap(), v)
+            }
         }
     }
 
     /// A chain of `ops` data ops, and an engine that applied everything
     /// before them, its commits written to a store.
-    fn chain(ops: usize, cfg: Config) -> (Identity, Vec<Generated>, Arc<Mutex<MemStore>>, Engine) {
+    pub(crate) fn chain(ops: usize, cfg: Config) -> (Identity, Vec<Generated>, Arc<Mutex<MemStore>>, Engine) {
         let id = Identity::from_secrets([31; 32], [32; 32]);
         let w: Workload = generate(&WorkloadConfig { data_ops: ops, chain: true, ..Default::default() }, id.public_key, id.kem_public);
         let (prefix, data): (Vec<_>, Vec<_>) = w.messages.into_iter().partition(|m| !m.is_data);
@@ -1294,14 +1144,14 @@ mod tests {
         (id, data, store, e)
     }
 
-    fn write(e: &mut Engine, store: &Mutex<MemStore>) -> Commit {
+    pub(crate) fn write(e: &mut Engine, store: &Mutex<MemStore>) -> Commit {
         let c = e.take_commit();
         store.lock().unwrap().write(&c.writes, true).unwrap();
         e.note_durable(c.number);
         c
     }
 
-    fn puts(c: &Commit, cf: Cf) -> Vec<(Vec<u8>, usize)> {
+    pub(crate) fn puts(c: &Commit, cf: Cf) -> Vec<(Vec<u8>, usize)> {
         c.writes
             .iter()
             .filter_map(|w| match w {
@@ -1341,28 +1191,6 @@ mod tests {
         let reopened = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
         assert_eq!(reopened.applied_total(), e.applied_total());
         assert_eq!(reopened.buffered_total().0, 0);
-    }
-
-    /// A pending record of the layout before session 13 (seq ‖ op, the op
-    /// not in the ops table) is still read: its op is pending, and applying
-    /// it writes its encoding to the ops table then.
-    #[test]
-    fn a_pending_record_of_the_older_layout_is_read() {
-        let (id, data, store, _) = chain(2, Config::default());
-        let old = Write::Put(Cf::Pending, data[1].id.to_vec(), seq_and_bytes(1_000, &data[1].frame[1..]));
-        store.lock().unwrap().write(&[old], true).unwrap();
-        let mut r = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
-        assert!(r.take_commit().writes.is_empty());
-        assert_eq!(r.op_state(&data[1].id), OpState::Buffered(BufKind::Pending));
-        assert_eq!(r.handle_frame(&data[0].frame, 0), Outcome::Applied);
-        let c = r.take_commit();
-        let mut ops: Vec<Vec<u8>> = puts(&c, Cf::Ops).into_iter().map(|(k, _)| k).collect();
-        ops.sort();
-        let mut want = vec![data[0].id.to_vec(), data[1].id.to_vec()];
-        want.sort();
-        assert_eq!(ops, want);
-        assert!(c.released.is_empty());
-        assert_eq!(r.op_state(&data[1].id), OpState::Applied);
     }
 
     /// A pending op evicted has its ops record deleted; until that deletion
