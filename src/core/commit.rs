@@ -5,8 +5,9 @@
 //! after the engine.
 
 use super::governance::GovNode;
-use super::tables::{ScopeRecord, Write};
-use crate::protocol::{Action, Hash, PublicKey};
+use super::tables::{Cf, ScopeRecord, Write};
+use super::IdSet;
+use crate::protocol::{encode, Action, Event, Hash, PublicKey};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventOut {
@@ -47,6 +48,47 @@ pub struct Commit {
 impl Commit {
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty() && self.events.is_empty() && self.folds.is_empty() && self.records.is_empty()
+    }
+
+    /// Drops the puts of buffer records (`Cf::Pending`, `Cf::KeyWaits`, an
+    /// op's encoding in `Cf::Ops`) whose keys are in `cancelled`: records of
+    /// ops buffered and released within this commit (`Engine::take_commit`).
+    pub(crate) fn drop_cancelled_puts(&mut self, cancelled: &IdSet<(u8, Hash)>) {
+        let writes = std::mem::take(&mut self.writes);
+        self.writes = writes
+            .into_iter()
+            .filter(|w| match w {
+                Write::Put(cf @ (Cf::Pending | Cf::KeyWaits | Cf::Ops), k, _) => {
+                    let id: Hash = k.as_slice().try_into().expect("buffer keys are ids");
+                    !cancelled.contains(&(*cf as u8, id))
+                }
+                _ => true,
+            })
+            .collect();
+    }
+
+    /// The event log: one record per scope for this commit (`Cf::Events`:
+    /// scope ‖ first seq → count ‖ (op ‖ borsh(Event))*).
+    pub(crate) fn put_event_log(&mut self) {
+        let mut i = 0;
+        while i < self.events.len() {
+            let scope = self.events[i].scope;
+            let first = self.events[i].seq;
+            let mut j = i;
+            let mut val = Vec::new();
+            val.extend_from_slice(&0u32.to_le_bytes());
+            while j < self.events.len() && self.events[j].scope == scope {
+                let e = &self.events[j];
+                assert_eq!(e.seq, first + (j - i) as u64, "a scope's events are consecutive in a commit");
+                val.extend_from_slice(&e.op);
+                val.extend_from_slice(&encode(&Event { kind: e.kind.clone(), data: e.data.clone() }));
+                j += 1;
+            }
+            val[..4].copy_from_slice(&((j - i) as u32).to_le_bytes());
+            let key = [scope.as_slice(), &first.to_be_bytes()].concat();
+            self.writes.push(Write::Put(Cf::Events, key, val));
+            i = j;
+        }
     }
 }
 

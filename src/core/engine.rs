@@ -809,39 +809,10 @@ impl Engine {
             // released within this commit: drop every put of cancelled keys
             // that is not followed by a live re-put.
             let cancelled = std::mem::take(&mut self.cancelled_buffer_puts);
-            let writes = std::mem::take(&mut self.out.writes);
-            self.out.writes = writes
-                .into_iter()
-                .filter(|w| match w {
-                    Write::Put(cf @ (Cf::Pending | Cf::KeyWaits | Cf::Ops), k, _) => {
-                        let id: Hash = k.as_slice().try_into().expect("buffer keys are ids");
-                        !cancelled.contains(&(*cf as u8, id))
-                    }
-                    _ => true,
-                })
-                .collect();
+            self.out.drop_cancelled_puts(&cancelled);
         }
         self.fresh_buffer_puts.clear();
-        // The event log: one record per scope for this commit.
-        let mut i = 0;
-        while i < self.out.events.len() {
-            let scope = self.out.events[i].scope;
-            let first = self.out.events[i].seq;
-            let mut j = i;
-            let mut val = Vec::new();
-            val.extend_from_slice(&0u32.to_le_bytes());
-            while j < self.out.events.len() && self.out.events[j].scope == scope {
-                let e = &self.out.events[j];
-                assert_eq!(e.seq, first + (j - i) as u64, "a scope's events are consecutive in a commit");
-                val.extend_from_slice(&e.op);
-                val.extend_from_slice(&encode(&Event { kind: e.kind.clone(), data: e.data.clone() }));
-                j += 1;
-            }
-            val[..4].copy_from_slice(&((j - i) as u32).to_le_bytes());
-            let key = [scope.as_slice(), &first.to_be_bytes()].concat();
-            self.out.writes.push(Write::Put(Cf::Events, key, val));
-            i = j;
-        }
+        self.out.put_event_log();
         for s in self.scopes.iter_mut().filter(|s| s.dirty) {
             s.dirty = false;
             let rec = ScopeRecord {
