@@ -17,7 +17,7 @@ use super::governance::{GovNode, GovState, Governance};
 use super::prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 use super::projector::Projector;
 use super::tables::{seq_and_bytes, Cf, ScopeRecord, Write};
-use super::types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};
+use super::types::{BufKind, Config, GenesisPolicy, Identity, Outcome, Reason, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
 use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, decode_op, Decoded};
@@ -87,10 +87,10 @@ pub struct Engine {
     pub(super) buffers: Buffers,
     /// Ids waited on that were not known when first waited on: a superset
     /// of what `wanted` returns (see there).
-    maybe_wanted: IdSet<Hash>,
+    pub(super) maybe_wanted: IdSet<Hash>,
     pub(super) keys: IdMap<Hash, [u8; 32]>,
     pub(super) scopes: Vec<ScopeState>,
-    scope_index: IdMap<Hash, u32>,
+    pub(super) scope_index: IdMap<Hash, u32>,
     cuts: Vec<Arc<[Hash]>>,
     cut_index: IdMap<Arc<[Hash]>, u32>,
     pub(super) gov: Governance,
@@ -99,7 +99,7 @@ pub struct Engine {
     pub(super) work: VecDeque<Hash>,
     out: Commit,
     /// Scopes whose status changed since `take_touched_scopes`.
-    touched: Vec<u32>,
+    pub(super) touched: Vec<u32>,
     /// Buffer records put in the commit being built: an op buffered and
     /// released within one commit never needs to reach the disk.
     fresh_buffer_puts: IdSet<(u8, Hash)>,
@@ -205,7 +205,7 @@ impl Engine {
     }
 
     /// An applied op of the cold index, read back from the store.
-    fn cold_op(&self, id: &Hash) -> Option<Op> {
+    pub(super) fn cold_op(&self, id: &Hash) -> Option<Op> {
         let cold = self.cold.as_ref()?;
         if !self.cold_filter.may_contain(id) || self.ops_deleted.contains_key(id) {
             return None;
@@ -648,6 +648,22 @@ impl Engine {
         self.stats.evicted += 1;
     }
 
+    /// Records that an op waits on `m`, for [`Engine::wanted`].
+    pub(super) fn note_waited(&mut self, m: &Hash) {
+        if !self.ops.contains_key(m) {
+            self.maybe_wanted.insert(*m);
+        }
+    }
+
+    /// Forgets an op (evicted, expired, or a drop no longer remembered): a
+    /// later copy is judged afresh. Ops still waiting on it now want it.
+    fn forget(&mut self, id: &Hash) {
+        self.ops.remove(id);
+        if self.buffers.is_waited_on(id) {
+            self.maybe_wanted.insert(*id);
+        }
+    }
+
     fn drop_op(&mut self, id: Hash, scope: u32, reason: Reason) {
         self.touched.push(scope);
         self.stats.dropped[reason.code() as usize] += 1;
@@ -844,203 +860,6 @@ impl Engine {
         self.projector.take().expect("the engine holds the projector")
     }
 
-    // ----- queries ------------------------------------------------------
-
-    pub fn scope_ids(&self) -> Vec<Hash> {
-        let mut v: Vec<Hash> = self.scopes.iter().map(|s| s.id).collect();
-        v.sort();
-        v
-    }
-
-    /// A scope's state and buffer counts, for tests and tools.
-    pub fn scope(&self, id: &Hash) -> Option<Scope> {
-        let i = *self.scope_index.get(id)?;
-        let (s, c) = (&self.scopes[i as usize], self.buffers.counts(i));
-        Some(Scope {
-            id: s.id,
-            genesis_applied: s.genesis_applied,
-            gov_heads: s.gov_heads.clone(),
-            data_heads: s.data_heads.clone(),
-            applied: s.applied,
-            pending: c.pending,
-            key_waiting: c.key_waiting,
-            data_key_waiting: c.data_key_waiting,
-            buffered_bytes: c.bytes,
-            event_seq: s.event_seq,
-        })
-    }
-
-    /// The scope root, when the engine folds (see `take_projector`).
-    pub fn scope_root(&mut self, id: &Hash) -> Option<Hash> {
-        self.scope_index.get(id)?;
-        Some(self.projector.as_mut()?.root(id))
-    }
-
-    fn root_of(&mut self, id: &Hash) -> Hash {
-        self.projector.as_mut().map_or(ZERO, |p| p.root(id))
-    }
-
-    /// The SPEC §11 status object, `None` (404) while the genesis is not applied.
-    pub fn status(&mut self, id: &Hash) -> Option<ScopeStatus> {
-        let i = *self.scope_index.get(id)?;
-        if !self.scopes[i as usize].genesis_applied {
-            return None;
-        }
-        let root = self.root_of(id);
-        let (s, c) = (&self.scopes[i as usize], self.buffers.counts(i));
-        Some(ScopeStatus {
-            scope: s.id,
-            root,
-            data_heads: s.data_heads.iter().copied().collect(),
-            governance_heads: s.gov_heads.iter().copied().collect(),
-            applied: s.applied,
-            pending: c.pending,
-            key_waiting: c.key_waiting,
-            data_key_waiting: c.data_key_waiting,
-        })
-    }
-
-    /// Every remembered op of a scope with its state, for tests and `inspect`.
-    pub fn report(&mut self, id: &Hash) -> Option<ScopeReport> {
-        let i = *self.scope_index.get(id)?;
-        let mut r = ScopeReport { scope: *id, ..Default::default() };
-        for (op_id, e) in &self.ops {
-            match e {
-                Entry::Applied(m) if m.scope == i => r.applied.push(*op_id),
-                Entry::Dropped { reason, scope } if *scope == i => {
-                    r.dropped.insert(*op_id, *reason);
-                }
-                Entry::Buffered => {
-                    let b = self.buffers.get(op_id).expect("a buffered op is in its buffer");
-                    if b.scope == i {
-                        match b.kind {
-                            BufKind::Pending => r.pending.push(*op_id),
-                            BufKind::KeyWait => r.key_waiting.push(*op_id),
-                            BufKind::DataKeyWait => r.data_key_waiting.push(*op_id),
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        if let Some(cold) = &self.cold {
-            let scope_id = self.scopes[i as usize].id;
-            let ops = &self.ops;
-            cold.scan(&mut |op_id, bytes| {
-                // The ops table holds pending ops too.
-                if matches!(ops.get(op_id), Some(Entry::Buffered)) {
-                    return;
-                }
-                let op = decode_op(bytes).expect("a stored op decodes");
-                if op.scope_of(op_id) == scope_id {
-                    r.applied.push(*op_id);
-                }
-            });
-        }
-        r.applied.sort();
-        r.applied.dedup();
-        for v in [&mut r.pending, &mut r.key_waiting, &mut r.data_key_waiting] {
-            v.sort();
-        }
-        r.root = self.root_of(id);
-        r.divergences = self.projector.as_mut().map_or(0, |p| p.divergences(id));
-        let s = &self.scopes[i as usize];
-        r.data_heads = s.data_heads.iter().copied().collect();
-        r.governance_heads = s.gov_heads.iter().copied().collect();
-        Some(r)
-    }
-
-    /// The state of one op id, for sync and tests.
-    pub fn op_state(&self, id: &Hash) -> OpState {
-        match self.ops.get(id) {
-            None if self.cold_op(id).is_some() => OpState::Applied,
-            None => OpState::Unknown,
-            Some(Entry::Applied(_)) => OpState::Applied,
-            Some(Entry::Dropped { reason, .. }) => OpState::Dropped(*reason),
-            Some(Entry::Buffered) => OpState::Buffered(self.buffers.get(id).expect("a buffered op is in its buffer").kind),
-        }
-    }
-
-    /// Ids that buffered ops wait for and that are not known at all: what a
-    /// sync should ask peers for. At most `max`.
-    ///
-    /// Cost: the ids waited on that were unknown when first waited on (kept
-    /// in `maybe_wanted` and pruned here), not every id waited on: in a long
-    /// reversed chain nearly all of those are known, buffered themselves.
-    pub fn wanted(&mut self, max: usize) -> Vec<Hash> {
-        let (ops, buffers) = (&self.ops, &self.buffers);
-        self.maybe_wanted.retain(|id| !ops.contains_key(id) && buffers.is_waited_on(id));
-        self.maybe_wanted.iter().take(max).copied().collect()
-    }
-
-    /// Records that an op waits on `m`, for [`Engine::wanted`].
-    pub(super) fn note_waited(&mut self, m: &Hash) {
-        if !self.ops.contains_key(m) {
-            self.maybe_wanted.insert(*m);
-        }
-    }
-
-    /// Forgets an op (evicted, expired, or a drop no longer remembered): a
-    /// later copy is judged afresh. Ops still waiting on it now want it.
-    fn forget(&mut self, id: &Hash) {
-        self.ops.remove(id);
-        if self.buffers.is_waited_on(id) {
-            self.maybe_wanted.insert(*id);
-        }
-    }
-
-    pub fn buffered_total(&self) -> (u64, u64) {
-        self.buffers.total()
-    }
-
-    pub fn applied_total(&self) -> u64 {
-        self.scopes.iter().map(|s| s.applied).sum()
-    }
-
-    /// `G(cut)` when every id of `cut` is an applied governance op.
-    pub fn governance_at(&mut self, cut: &[Hash]) -> Option<Arc<GovState>> {
-        for c in cut {
-            if self.gov.get(c).is_none() {
-                return None;
-            }
-        }
-        let mut cut = cut.to_vec();
-        cut.sort();
-        cut.dedup();
-        Some(self.gov.state_at(&cut))
-    }
-
-    /// Scopes whose status changed since the last call.
-    pub fn take_touched_scopes(&mut self) -> Vec<Hash> {
-        let mut t = std::mem::take(&mut self.touched);
-        t.sort_unstable();
-        t.dedup();
-        t.into_iter().map(|i| self.scopes[i as usize].id).collect()
-    }
-
-    /// Every accepted governance op, for the pipeline's replica.
-    pub fn governance_nodes(&self) -> Vec<(Hash, GovNode)> {
-        self.gov.nodes().map(|(id, n)| (*id, n.clone())).collect()
-    }
-
-    /// Every group key held.
-    pub fn keys(&self) -> Vec<[u8; 32]> {
-        self.keys.values().copied().collect()
-    }
-
-    /// When the oldest buffered op was buffered (ms), for the age metric.
-    pub fn oldest_buffered_since_ms(&mut self) -> Option<u64> {
-        self.buffers.oldest_since_ms()
-    }
-
-    /// Per-scope event sequence numbers (the last one handed out).
-    pub fn event_seqs(&self) -> Vec<(Hash, u64)> {
-        self.scopes.iter().map(|s| (s.id, s.event_seq)).collect()
-    }
-
-    pub fn governance_cache_stats(&self) -> (u64, u64) {
-        (self.gov.cache_hits, self.gov.cache_misses)
-    }
 }
 
 /// A placeholder left in a buffer record whose op was moved out.
@@ -1079,6 +898,7 @@ fn governance_payload_ok(p: &GovPayload) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::core::types::OpState;
     use crate::store::memory::MemStore;
     use crate::store::Store;
     use crate::workload::{generate, Generated, Workload, WorkloadConfig};

@@ -14,6 +14,7 @@ pub mod governance;
 pub mod prejudge;
 pub mod projection;
 pub mod projector;
+pub mod queries;
 pub mod restore;
 pub mod smt;
 pub mod tables;
