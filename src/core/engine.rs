@@ -1,4 +1,5 @@
-//! The receive-and-apply state machine of SPEC §6, sans-IO.
+//! The receive-and-apply state machine of SPEC §6, sans-IO: verdicts,
+//! buffering, apply, the cascade, and the write set of a commit.
 //!
 //! Inputs are `handle_*` calls carrying bytes or verified ops and `now_ms`;
 //! outputs are pulled with `take_commit` (the store writes of everything the
@@ -6,6 +7,16 @@
 //! to be dispatched only once those writes are durable). No threads, sockets,
 //! clocks or storage live here: the same code runs in tests, the simulation,
 //! the benchmarks and the node.
+//!
+//! Beside it: its public types (`types`), the tables and their records
+//! (`tables`), the commit (`commit`), what the pipeline computes ahead
+//! (`prejudge`), the buffers (`buffers`), and two more `impl Engine` blocks
+//! that read and fill its `pub(super)` fields: `restore` and the queries
+//! (`queries`).
+//!
+//! This file stays over 800 lines (about 900 without its tests) because
+//! judging, buffering, applying and cascading all change the same indexes and
+//! the same commit, and read best in one place.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
