@@ -21,12 +21,12 @@ pub mod tables;
 pub mod types;
 
 pub use cold::ColdOps;
-/// Frame decoding lives in `protocol`; re-exported here for the drivers.
-pub use crate::protocol::codec::{decode_frame, Decoded};
-pub use engine::*;
 pub use commit::{Check, Commit, EventOut, Fold};
+pub use engine::Engine;
 pub use prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 pub use projector::{Projector, ProjectorStats};
 pub use restore::TableScan;
 pub use tables::{Cf, ScopeRecord, Write, META_IDENTITY, META_SCOPE_PREFIX};
 pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};
+/// Frame decoding lives in `protocol`; re-exported here for the drivers.
+pub use crate::protocol::codec::{decode_frame, Decoded};
