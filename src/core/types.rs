@@ -1,7 +1,7 @@
 //! The engine's public types: how it is set up (`Config`, `GenesisPolicy`,
 //! `Identity`), what it says of a message, an op or a scope (`Outcome`,
-//! `Reason`, `BufKind`, `OpState`, `ScopeStatus`, `ScopeReport`) and what it
-//! counts (`Stats`).
+//! `Reason`, `BufKind`, `OpState`, `Scope`, `ScopeStatus`, `ScopeReport`)
+//! and what it counts (`Stats`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
