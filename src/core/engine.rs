@@ -1,4 +1,5 @@
-//! The receive-and-apply state machine of SPEC §6, sans-IO.
+//! The receive-and-apply state machine of SPEC §6, sans-IO: verdicts,
+//! buffering, apply, the cascade, and the write set of a commit.
 //!
 //! Inputs are `handle_*` calls carrying bytes or verified ops and `now_ms`;
 //! outputs are pulled with `take_commit` (the store writes of everything the
@@ -6,443 +7,75 @@
 //! to be dispatched only once those writes are durable). No threads, sockets,
 //! clocks or storage live here: the same code runs in tests, the simulation,
 //! the benchmarks and the node.
+//!
+//! Beside it: its public types (`types`), the tables and their records
+//! (`tables`), the commit (`commit`), what the pipeline computes ahead
+//! (`prejudge`), the buffers (`buffers`), and two more `impl Engine` blocks
+//! that read and fill its `pub(super)` fields: `restore` and the queries
+//! (`queries`).
+//!
+//! This file stays over 800 lines (about 900 without its tests) because
+//! judging, buffering, applying and cascading all change the same indexes and
+//! the same commit, and read best in one place.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use borsh::{BorshDeserialize, BorshSerialize};
-
+use super::buffers::{Buffered, Buffers};
 use super::cold::{ColdOps, IdFilter};
+use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
-use super::projector::{Check, Fold, Projector};
+use super::prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
+use super::projector::Projector;
+use super::tables::{seq_and_bytes, Cf, ScopeRecord, Write};
+use super::types::{BufKind, Config, GenesisPolicy, Identity, Outcome, Reason, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
-use crate::protocol::codec::{decode_data_payload, decode_gov_payload, decode_message, decode_op, op_body};
-use crate::protocol::crypto::{delta_id_of_body, open_key_delivery, open_payload, x25519_public};
+use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, decode_op, Decoded};
+use crate::protocol::crypto::{open_key_delivery, open_payload};
 use crate::protocol::*;
 
-/// Why an op was dropped for good (SPEC §6). `malformed` and `bad_signature`
-/// are not here: they are not remembered by id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Reason {
-    RejectedDependency,
-    WrongPlane,
-    Clock,
-    Unauthorized,
-    StaleKey,
-    StaleCut,
-    Undecryptable,
-    BadPayload,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 8] = [
-        Reason::RejectedDependency,
-        Reason::WrongPlane,
-        Reason::Clock,
-        Reason::Unauthorized,
-        Reason::StaleKey,
-        Reason::StaleCut,
-        Reason::Undecryptable,
-        Reason::BadPayload,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::RejectedDependency => "rejected_dependency",
-            Reason::WrongPlane => "wrong_plane",
-            Reason::Clock => "clock",
-            Reason::Unauthorized => "unauthorized",
-            Reason::StaleKey => "stale_key",
-            Reason::StaleCut => "stale_cut",
-            Reason::Undecryptable => "undecryptable",
-            Reason::BadPayload => "bad_payload",
-        }
-    }
-
-    pub fn code(self) -> u8 {
-        Reason::ALL.iter().position(|r| *r == self).expect("listed") as u8
-    }
-
-    pub fn from_code(code: u8) -> Option<Reason> {
-        Reason::ALL.get(code as usize).copied()
-    }
-}
-
-/// Which buffer a not-yet op waits in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BufKind {
-    /// On a dependency not yet applied (pending-by-parent).
-    Pending,
-    /// A governance op waiting, durably, for its key.
-    KeyWait,
-    /// A data op waiting in memory for its key, until its deadline.
-    DataKeyWait,
-}
-
 #[derive(Clone, Copy, Debug)]
-struct AppliedMeta {
-    scope: u32,
-    plane: u8,
-    hlc: u64,
+pub(super) struct AppliedMeta {
+    pub(super) scope: u32,
+    pub(super) plane: u8,
+    pub(super) hlc: u64,
     /// Interned cut (SPEC §3) of the op; only read for data ops.
-    cut: u32,
+    pub(super) cut: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
-enum Entry {
+pub(super) enum Entry {
     Applied(AppliedMeta),
     Buffered,
     Dropped { reason: Reason, scope: u32 },
 }
 
-struct Buffered {
-    op: Op,
-    bytes: Vec<u8>,
-    scope: u32,
-    kind: BufKind,
-    /// Pending, with its encoding in the ops table (`Cf::Ops`) since it was
-    /// buffered: applying it writes nothing more of it. False for a pending
-    /// record of the older layout (its encoding in the record itself).
-    in_ops: bool,
-    seq: u64,
-    /// Pending: the ids it is registered under in `waiters`.
-    missing: Vec<Hash>,
-    deadline_ms: u64,
-    since_ms: u64,
-    /// What the pipeline's authorizer and decryptor found (a pending op:
-    /// they ran before its parents arrived), kept so that its release does
-    /// not decrypt it again on the engine's thread. The plaintext counts
-    /// against `PREPARED_BYTES_MAX`, not the buffer bounds.
-    pre: Option<Prepared>,
-}
-
-/// Buffered ops by age (`seq`), oldest first, for eviction. Removal is
-/// lazy: an entry is live while its op is buffered with that `seq`; dead
-/// entries leave at the front, or all at once when they come to outnumber
-/// the live ones (so the deque stays within about twice the buffer). A
-/// `BTreeMap<seq, id>` did the same with an insert and a remove per
-/// buffered op, searched from the root each time.
-#[derive(Default)]
-struct AgeOrder(VecDeque<(u64, Hash)>);
-
-impl AgeOrder {
-    fn is_live(buffered: &IdMap<Hash, Box<Buffered>>, (seq, id): &(u64, Hash)) -> bool {
-        buffered.get(id).is_some_and(|b| b.seq == *seq)
-    }
-
-    /// Appends an op just buffered with a new `seq` (`live`: how many ops
-    /// this order holds, this one included).
-    fn push(&mut self, seq: u64, id: Hash, live: u64, buffered: &IdMap<Hash, Box<Buffered>>) {
-        self.0.push_back((seq, id));
-        if self.0.len() as u64 > 2 * live + 64 {
-            self.0.retain(|e| Self::is_live(buffered, e));
-        }
-    }
-
-    /// The oldest live entry, dropping the dead ones before it.
-    fn oldest(&mut self, buffered: &IdMap<Hash, Box<Buffered>>) -> Option<Hash> {
-        while let Some(front) = self.0.front() {
-            if Self::is_live(buffered, front) {
-                return Some(front.1);
-            }
-            self.0.pop_front();
-        }
-        None
-    }
-
-    fn sort(&mut self) {
-        self.0.make_contiguous().sort_unstable();
-    }
-}
-
-/// Plaintext of buffered ops kept from the pipeline's decryptor, all scopes
-/// together; beyond, a buffered op keeps only its authorization and is
-/// decrypted again when released.
-const PREPARED_BYTES_MAX: usize = 32 << 20;
-
-fn prepared_bytes(pre: &Option<Prepared>) -> usize {
-    match pre {
-        Some(Prepared { opened: Some(Some(p)), .. }) => p.len(),
-        _ => 0,
-    }
-}
-
-/// The column families of the store (one table each).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Cf {
-    /// delta_id → the op as received (first valid copy): every applied op,
-    /// and every op buffered on a missing dependency (a `Pending` record
-    /// says which), so that a parked op's bytes are written once.
-    Ops,
-    /// delta_id → seq: ops buffered on a missing dependency, their bytes in
-    /// `Ops` (or, written before session 13, seq ‖ op). The by-parent index
-    /// is derived from them at open.
-    Pending,
-    /// delta_id → seq ‖ op: governance ops waiting for their key.
-    KeyWaits,
-    /// scope ‖ path → entity, key, cell.
-    Projection,
-    /// delta_id → depth ‖ plaintext payload of an applied governance op.
-    Governance,
-    /// delta_id → reason ‖ scope ‖ seq: remembered drop verdicts.
-    Dropped,
-    /// key_id → group key.
-    Keys,
-    /// Node identity and per-scope records (heads, counters).
-    Meta,
-    /// scope ‖ first seq (big-endian) → the events of one commit in that
-    /// scope, consecutive from `first seq`: count ‖ (op ‖ borsh(Event))*.
-    /// One record per commit and scope, not per event.
-    Events,
-}
-
-impl Cf {
-    pub const ALL: [Cf; 9] =
-        [Cf::Ops, Cf::Pending, Cf::KeyWaits, Cf::Projection, Cf::Governance, Cf::Dropped, Cf::Keys, Cf::Meta, Cf::Events];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Cf::Ops => "ops",
-            Cf::Pending => "pending",
-            Cf::KeyWaits => "key_waits",
-            Cf::Projection => "projection",
-            Cf::Governance => "governance",
-            Cf::Dropped => "dropped",
-            Cf::Keys => "keys",
-            Cf::Meta => "meta",
-            Cf::Events => "events",
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Write {
-    Put(Cf, Vec<u8>, Vec<u8>),
-    Delete(Cf, Vec<u8>),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventOut {
-    pub scope: Hash,
-    /// Per-scope sequence number, from 1, in apply order.
-    pub seq: u64,
-    pub op: Hash,
-    pub kind: String,
-    pub data: Vec<u8>,
-}
-
-/// Everything handled since the last `take_commit`: to be written in one
-/// atomic batch; the events go out only once it is durable.
-#[derive(Default, Debug)]
-pub struct Commit {
-    pub writes: Vec<Write>,
-    pub events: Vec<EventOut>,
-    /// Ops applied, in apply order, with their scope (for gossip).
-    pub applied: Vec<(Hash, Hash)>,
-    /// The encodings of applied ops that this commit does not write (a
-    /// pending op's were written when it was buffered), for gossip.
-    pub released: Vec<(Hash, Vec<u8>)>,
-    /// Governance ops applied, for the pipeline's replicas of the index.
-    pub gov_applied: Vec<(Hash, GovNode)>,
-    /// Group keys accepted.
-    pub keys_added: Vec<[u8; 32]>,
-    /// This commit's number (consecutive from 0 per engine): the driver
-    /// reports it back through `Engine::note_durable` once it is written.
-    pub number: u64,
-    /// Data ops applied, in apply order, for a projector outside the engine
-    /// (`Engine::take_projector`); empty when the engine folds them itself.
-    pub folds: Vec<Fold>,
-    /// Records of the scopes this commit changed, written by
-    /// `Projector::finish_commit` with their divergence counts.
-    pub records: Vec<(Hash, ScopeRecord)>,
-}
-
-impl Commit {
-    pub fn is_empty(&self) -> bool {
-        self.writes.is_empty() && self.events.is_empty() && self.folds.is_empty() && self.records.is_empty()
-    }
-}
-
-/// What became of one received message (its cascade is counted in `Stats`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Malformed,
-    BadSignature,
-    Duplicate,
-    GenesisRefused,
-    Applied,
-    Dropped(Reason),
-    NotYet(BufKind),
-    KeyAccepted,
-    /// A key delivery not for us, that does not open, or already known.
-    KeyIgnored,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub frames: u64,
-    pub malformed: u64,
-    pub bad_signature: u64,
-    pub duplicates: u64,
-    pub genesis_refused: u64,
-    pub applied: u64,
-    pub dropped: [u64; 8],
-    pub buffered_pending: u64,
-    pub buffered_key_wait: u64,
-    pub buffered_data_key_wait: u64,
-    pub evicted: u64,
-    pub key_timeouts: u64,
-    pub keys_accepted: u64,
-    pub keys_ignored: u64,
-    /// SPEC §8 convergence checks made (the data heads were one op).
-    pub root_checks: u64,
-    pub divergences: u64,
-    pub events: u64,
-    pub cascade_released: u64,
-    /// Applied ops moved from the hot index to the cold one.
-    pub cold_evicted: u64,
-    /// Store reads for ids the cold filter may hold, and those that found
-    /// an applied op.
-    pub cold_reads: u64,
-    pub cold_hits: u64,
-}
-
-#[derive(Clone, Debug)]
-pub enum GenesisPolicy {
-    AcceptAll,
-    /// Only geneses authored by these keys (SPEC §2: the node's own policy).
-    Authors(Vec<PublicKey>),
-}
-
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub data_key_wait_ms: u64,
-    pub buffered_ops_per_scope_max: u64,
-    pub buffered_bytes_per_scope_max: u64,
-    pub buffered_ops_total_max: u64,
-    pub buffered_bytes_total_max: u64,
-    pub dropped_remembered_max: u64,
-    pub genesis_policy: GenesisPolicy,
-    /// Applied ops kept in the in-memory index once the engine has a cold
-    /// index (`ColdOps`); older ones are read back from the store.
-    pub hot_applied_max: usize,
-    /// Size of the filter in front of the cold index.
-    pub cold_filter_bytes: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            data_key_wait_ms: limits::DATA_KEY_WAIT_MS_DEFAULT,
-            buffered_ops_per_scope_max: limits::BUFFERED_OPS_PER_SCOPE_MAX,
-            buffered_bytes_per_scope_max: limits::BUFFERED_BYTES_PER_SCOPE_MAX,
-            buffered_ops_total_max: limits::BUFFERED_OPS_TOTAL_MAX,
-            buffered_bytes_total_max: limits::BUFFERED_BYTES_TOTAL_MAX,
-            dropped_remembered_max: limits::DROPPED_REMEMBERED_MAX,
-            genesis_policy: GenesisPolicy::AcceptAll,
-            hot_applied_max: limits::HOT_APPLIED_MAX,
-            cold_filter_bytes: limits::COLD_FILTER_BYTES,
-        }
-    }
-}
-
-#[derive(Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub seed: [u8; 32],
-    pub kem_secret: [u8; 32],
-    pub public_key: PublicKey,
-    pub kem_public: [u8; 32],
-}
-
-impl Identity {
-    pub fn from_secrets(seed: [u8; 32], kem_secret: [u8; 32]) -> Self {
-        Identity {
-            seed,
-            kem_secret,
-            public_key: crate::protocol::sig::public_key_from_seed(&seed),
-            kem_public: x25519_public(&kem_secret),
-        }
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        [self.seed, self.kem_secret].concat()
-    }
-
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
-        (bytes.len() == 64).then(|| {
-            Identity::from_secrets(bytes[..32].try_into().unwrap(), bytes[32..].try_into().unwrap())
-        })
-    }
-}
-
-impl std::fmt::Debug for Identity {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Identity").field("public_key", &hex::encode(self.public_key)).finish_non_exhaustive()
-    }
-}
-
-pub struct Scope {
-    pub id: Hash,
-    pub genesis_applied: bool,
-    pub gov_heads: BTreeSet<Hash>,
-    pub data_heads: BTreeSet<Hash>,
-    pub applied: u64,
-    pub pending: u64,
-    pub key_waiting: u64,
-    pub data_key_waiting: u64,
-    pub buffered_bytes: u64,
-    pub event_seq: u64,
-    /// Buffered ops of this scope by age, for eviction oldest first.
-    order: AgeOrder,
+/// One scope's state in the engine (its buffered ops are counted in
+/// `Buffers`, its cells in the projector).
+pub(super) struct ScopeState {
+    pub(super) id: Hash,
+    pub(super) genesis_applied: bool,
+    pub(super) gov_heads: BTreeSet<Hash>,
+    pub(super) data_heads: BTreeSet<Hash>,
+    pub(super) applied: u64,
+    pub(super) event_seq: u64,
     dirty: bool,
 }
 
-impl Scope {
+impl ScopeState {
     fn new(id: Hash) -> Self {
-        Scope {
+        ScopeState {
             id,
             genesis_applied: false,
             gov_heads: BTreeSet::new(),
             data_heads: BTreeSet::new(),
             applied: 0,
-            pending: 0,
-            key_waiting: 0,
-            data_key_waiting: 0,
-            buffered_bytes: 0,
             event_seq: 0,
-            order: AgeOrder::default(),
             dirty: false,
         }
     }
-
-    fn buffered_ops(&self) -> u64 {
-        self.pending + self.key_waiting + self.data_key_waiting
-    }
-
-    fn count_mut(&mut self, kind: BufKind) -> &mut u64 {
-        match kind {
-            BufKind::Pending => &mut self.pending,
-            BufKind::KeyWait => &mut self.key_waiting,
-            BufKind::DataKeyWait => &mut self.data_key_waiting,
-        }
-    }
 }
-
-/// The per-scope record in `Cf::Meta` (key `scope/` ‖ id). The engine
-/// fills all but `divergences`, which the projector counts and fills.
-#[derive(Clone, Debug, BorshSerialize, BorshDeserialize)]
-pub struct ScopeRecord {
-    pub genesis_applied: bool,
-    pub gov_heads: Vec<Hash>,
-    pub data_heads: Vec<Hash>,
-    pub applied: u64,
-    pub divergences: u64,
-    pub event_seq: u64,
-}
-
-pub const META_IDENTITY: &[u8] = b"identity";
-pub const META_SCOPE_PREFIX: &[u8] = b"scope/";
 
 /// The decrypted, rule-checked payload of an op about to be applied.
 enum Decrypted {
@@ -457,101 +90,27 @@ enum Judgement {
     KeyWait,
 }
 
-/// A signature-checked op on its way in (`delta_id` recomputed).
-#[derive(Clone, Debug)]
-pub struct VerifiedOp {
-    pub id: Hash,
-    pub op: Op,
-    pub bytes: Vec<u8>,
-    /// Work the pipeline's stages did ahead of the engine.
-    pub pre: Prepared,
-}
-
-/// Authorization at the cut (SPEC §6 step 3, less `stale_cut`): a pure
-/// function of the op and `G(cut)`, so a stage holding a replica of the
-/// governance index computes the same verdict as the engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PreAuth {
-    Ok,
-    Unauthorized,
-    StaleKey,
-}
-
-pub fn authorize_at(g: &GovState, op: &Op) -> PreAuth {
-    let authorized = match (op.plane, g.role(&op.author)) {
-        (PLANE_GOVERNANCE, Some(Role::Admin)) => true,
-        (PLANE_DATA, Some(Role::Writer | Role::Admin)) => true,
-        _ => false,
-    };
-    if !authorized {
-        PreAuth::Unauthorized
-    } else if g.current_key() != Some(&op.key_id) {
-        PreAuth::StaleKey
-    } else {
-        PreAuth::Ok
-    }
-}
-
-/// Results computed ahead by the authorizer and decryptor stages; the
-/// engine uses them on an op's first judgement and computes anything
-/// missing itself.
-#[derive(Clone, Debug, Default)]
-pub struct Prepared {
-    pub auth: Option<PreAuth>,
-    /// The payload opened with the key of `key_id`: `Some(None)` is a tag
-    /// mismatch.
-    pub opened: Option<Option<Vec<u8>>>,
-}
-
-/// Decodes a frame's content; for an op, also returns its encoding and id.
-pub enum Decoded {
-    Op { id: Hash, op: Op, bytes: Vec<u8> },
-    Key(KeyDelivery),
-}
-
-/// Decode step of SPEC §6 step 1 (before the signature check).
-pub fn decode_frame(frame: &[u8]) -> Result<Decoded, DecodeError> {
-    match decode_message(frame)? {
-        Message::Op(op) => {
-            let bytes = frame[1..].to_vec();
-            let id = delta_id_of_body(op_body(&bytes));
-            Ok(Decoded::Op { id, op, bytes })
-        }
-        Message::Key(kd) => Ok(Decoded::Key(kd)),
-    }
-}
-
 pub struct Engine {
     cfg: Config,
     identity: Identity,
-    ops: IdMap<Hash, Entry>,
-    /// Boxed: a `Buffered` is a few hundred bytes, and a map of 100k of
-    /// them moved every entry at each growth.
-    buffered: IdMap<Hash, Box<Buffered>>,
+    pub(super) ops: IdMap<Hash, Entry>,
+    /// The ops not yet applied (`Entry::Buffered` in `ops`).
+    pub(super) buffers: Buffers,
     /// Ids waited on that were not known when first waited on: a superset
     /// of what `wanted` returns (see there).
-    maybe_wanted: IdSet<Hash>,
-    /// Plaintext held in `buffered` entries' `pre` (see `PREPARED_BYTES_MAX`).
-    prepared_bytes_total: usize,
-    /// Pending-by-parent: a missing id → the ops buffered on it.
-    waiters: IdMap<Hash, Vec<Hash>>,
-    /// key_id → the ops waiting for it.
-    key_waiters: IdMap<Hash, Vec<Hash>>,
-    data_deadlines: BTreeMap<(u64, u64), Hash>,
-    keys: IdMap<Hash, [u8; 32]>,
-    scopes: Vec<Scope>,
-    scope_index: IdMap<Hash, u32>,
+    pub(super) maybe_wanted: IdSet<Hash>,
+    pub(super) keys: IdMap<Hash, [u8; 32]>,
+    pub(super) scopes: Vec<ScopeState>,
+    pub(super) scope_index: IdMap<Hash, u32>,
     cuts: Vec<Arc<[Hash]>>,
     cut_index: IdMap<Arc<[Hash]>, u32>,
-    gov: Governance,
-    dropped_order: VecDeque<(u64, Hash)>,
-    global_order: AgeOrder,
-    buffered_bytes_total: u64,
-    seq: u64,
-    work: VecDeque<Hash>,
+    pub(super) gov: Governance,
+    pub(super) dropped_order: VecDeque<(u64, Hash)>,
+    pub(super) seq: u64,
+    pub(super) work: VecDeque<Hash>,
     out: Commit,
     /// Scopes whose status changed since `take_touched_scopes`.
-    touched: Vec<u32>,
+    pub(super) touched: Vec<u32>,
     /// Buffer records put in the commit being built: an op buffered and
     /// released within one commit never needs to reach the disk.
     fresh_buffer_puts: IdSet<(u8, Hash)>,
@@ -563,8 +122,8 @@ pub struct Engine {
     ops_deleted: IdMap<Hash, u64>,
     /// The cold index (see `core::cold`): none, and every applied op stays
     /// in `ops`.
-    cold: Option<Box<dyn ColdOps>>,
-    cold_filter: IdFilter,
+    pub(super) cold: Option<Box<dyn ColdOps>>,
+    pub(super) cold_filter: IdFilter,
     /// Applied ops in `ops`, oldest first, with the number of the commit
     /// that applied them (an id read back from the cold index comes again).
     hot_order: VecDeque<(u64, Hash)>,
@@ -577,30 +136,19 @@ pub struct Engine {
     /// The fold, when the engine runs it itself; `None` once a driver took
     /// it to run after the engine (`take_projector`): applied data ops then
     /// leave in `Commit::folds`.
-    projector: Option<Projector>,
+    pub(super) projector: Option<Projector>,
     pub stats: Stats,
-}
-
-pub(crate) fn scope_meta_key(scope: &Hash) -> Vec<u8> {
-    [META_SCOPE_PREFIX, scope.as_slice()].concat()
-}
-
-fn seq_and_bytes(seq: u64, bytes: &[u8]) -> Vec<u8> {
-    [&seq.to_le_bytes()[..], bytes].concat()
 }
 
 impl Engine {
     pub fn new(cfg: Config, identity: Identity) -> Self {
+        let buffers = Buffers::new(&cfg);
         let mut e = Engine {
             cfg,
             identity,
             ops: IdMap::default(),
-            buffered: IdMap::default(),
+            buffers,
             maybe_wanted: IdSet::default(),
-            prepared_bytes_total: 0,
-            waiters: IdMap::default(),
-            key_waiters: IdMap::default(),
-            data_deadlines: BTreeMap::new(),
             keys: IdMap::default(),
             scopes: Vec::new(),
             scope_index: IdMap::default(),
@@ -608,8 +156,6 @@ impl Engine {
             cut_index: IdMap::default(),
             gov: Governance::default(),
             dropped_order: VecDeque::new(),
-            global_order: AgeOrder::default(),
-            buffered_bytes_total: 0,
             seq: 1,
             work: VecDeque::new(),
             out: Commit::default(),
@@ -670,7 +216,7 @@ impl Engine {
     }
 
     /// An applied op of the cold index, read back from the store.
-    fn cold_op(&self, id: &Hash) -> Option<Op> {
+    pub(super) fn cold_op(&self, id: &Hash) -> Option<Op> {
         let cold = self.cold.as_ref()?;
         if !self.cold_filter.may_contain(id) || self.ops_deleted.contains_key(id) {
             return None;
@@ -709,7 +255,7 @@ impl Engine {
         &self.cfg
     }
 
-    fn intern_cut(&mut self, cut: &[Hash]) -> u32 {
+    pub(super) fn intern_cut(&mut self, cut: &[Hash]) -> u32 {
         if let Some(i) = self.cut_index.get(cut) {
             return *i;
         }
@@ -720,12 +266,13 @@ impl Engine {
         i
     }
 
-    fn scope_idx(&mut self, scope: &Hash) -> u32 {
+    pub(super) fn scope_idx(&mut self, scope: &Hash) -> u32 {
         if let Some(i) = self.scope_index.get(scope) {
             return *i;
         }
         let i = self.scopes.len() as u32;
-        self.scopes.push(Scope::new(*scope));
+        self.scopes.push(ScopeState::new(*scope));
+        self.buffers.add_scope();
         self.scope_index.insert(*scope, i);
         i
     }
@@ -814,7 +361,7 @@ impl Engine {
         self.stats.keys_accepted += 1;
         self.out.keys_added.push(key);
         self.out.writes.push(Write::Put(Cf::Keys, key_id.to_vec(), key.to_vec()));
-        if let Some(ws) = self.key_waiters.remove(&key_id) {
+        if let Some(ws) = self.buffers.take_key_waiters(&key_id) {
             self.work.extend(ws);
         }
     }
@@ -826,14 +373,10 @@ impl Engine {
     /// Drops data ops whose key wait expired (`key_timeout`: not a verdict,
     /// they are forgotten and judged afresh if delivered again).
     pub fn handle_tick(&mut self, now_ms: u64) {
-        while let Some((&(deadline, seq), &id)) = self.data_deadlines.iter().next() {
-            if deadline > now_ms {
-                break;
-            }
-            self.data_deadlines.remove(&(deadline, seq));
+        while let Some(id) = self.buffers.pop_expired(now_ms) {
             if let Some(b) = self.take_buffered(&id) {
                 self.forget(&id);
-                self.unregister(&id, &b);
+                self.buffers.unregister(&id, &b);
                 self.stats.key_timeouts += 1;
             }
         }
@@ -841,12 +384,12 @@ impl Engine {
 
     /// The earliest data key-wait deadline, for the caller's timer.
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        self.data_deadlines.keys().next().map(|(d, _)| *d)
+        self.buffers.next_deadline_ms()
     }
 
     // ----- judging ------------------------------------------------------
 
-    fn applied(&mut self, id: &Hash) -> Option<AppliedMeta> {
+    pub(super) fn applied(&mut self, id: &Hash) -> Option<AppliedMeta> {
         match self.ops.get(id) {
             Some(Entry::Applied(m)) => Some(*m),
             Some(_) => None,
@@ -988,7 +531,6 @@ impl Engine {
                     prior => {
                         self.forget_prior(&id, prior.as_deref(), false);
                         for m in &missing {
-                            self.waiters.entry(*m).or_default().push(id);
                             self.note_waited(m);
                         }
                         self.buffer(op, bytes, id, scope, BufKind::Pending, missing, pre, now_ms);
@@ -998,7 +540,6 @@ impl Engine {
             }
             Judgement::KeyWait => {
                 self.forget_prior(&id, prior.as_deref(), false);
-                self.key_waiters.entry(op.key_id).or_default().push(id);
                 let kind = if op.plane == PLANE_GOVERNANCE { BufKind::KeyWait } else { BufKind::DataKeyWait };
                 self.buffer(op, bytes, id, scope, kind, Vec::new(), None, now_ms);
                 Outcome::NotYet(kind)
@@ -1070,16 +611,15 @@ impl Engine {
             BufKind::DataKeyWait => {}
         }
         let deadline_ms = now_ms.saturating_add(self.cfg.data_key_wait_ms);
-        if kind == BufKind::DataKeyWait {
-            self.data_deadlines.insert((deadline_ms, seq), id);
-        }
         match kind {
             BufKind::Pending => self.stats.buffered_pending += 1,
             BufKind::KeyWait => self.stats.buffered_key_wait += 1,
             BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
         }
         let in_ops = kind == BufKind::Pending;
-        self.put_buffered(id, Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms, since_ms: now_ms, pre }), true);
+        let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms, since_ms: now_ms, pre });
+        self.buffers.register(id, &b);
+        self.put_buffered(id, b, true);
         self.enforce_bounds(scope);
     }
 
@@ -1089,85 +629,24 @@ impl Engine {
         s
     }
 
-    /// Registers a buffered op; `fresh` when its `seq` is new, not when it
-    /// goes back to the buffer it was just taken from (its age entries are
-    /// still in place: nothing between `take_buffered` and this call pops
-    /// or compacts them).
-    fn put_buffered(&mut self, id: Hash, mut b: Box<Buffered>, fresh: bool) {
-        let kept = prepared_bytes(&b.pre);
-        if kept > 0 && self.prepared_bytes_total + kept > PREPARED_BYTES_MAX {
-            if let Some(p) = b.pre.as_mut() {
-                p.opened = None;
-            }
-        }
-        self.prepared_bytes_total += prepared_bytes(&b.pre);
+    /// Puts an op in its buffer (`Buffers::put`) and marks it buffered.
+    pub(super) fn put_buffered(&mut self, id: Hash, b: Box<Buffered>, fresh: bool) {
         self.touched.push(b.scope);
-        let s = &mut self.scopes[b.scope as usize];
-        *s.count_mut(b.kind) += 1;
-        s.buffered_bytes += b.bytes.len() as u64;
-        let (seq, scope, scope_ops) = (b.seq, b.scope as usize, s.buffered_ops());
-        self.buffered_bytes_total += b.bytes.len() as u64;
         self.ops.insert(id, Entry::Buffered);
-        self.buffered.insert(id, b);
-        if fresh {
-            let buffered = &self.buffered;
-            self.scopes[scope].order.push(seq, id, scope_ops, buffered);
-            self.global_order.push(seq, id, buffered.len() as u64, buffered);
-        }
+        self.buffers.put(id, b, fresh);
     }
 
-    /// Removes a buffered op from the buffer indexes (not from `ops`, the
-    /// waiter lists or the store).
+    /// Takes an op out of its buffer (not out of `ops`, the waiter lists or
+    /// the store).
     fn take_buffered(&mut self, id: &Hash) -> Option<Box<Buffered>> {
-        let b = self.buffered.remove(id)?;
-        self.prepared_bytes_total -= prepared_bytes(&b.pre);
+        let b = self.buffers.take(id)?;
         self.touched.push(b.scope);
-        let s = &mut self.scopes[b.scope as usize];
-        *s.count_mut(b.kind) -= 1;
-        s.buffered_bytes -= b.bytes.len() as u64;
-        self.buffered_bytes_total -= b.bytes.len() as u64;
         Some(b)
-    }
-
-    /// Removes a buffered op from the lists it is registered in.
-    fn unregister(&mut self, id: &Hash, b: &Buffered) {
-        for m in &b.missing {
-            if let Some(list) = self.waiters.get_mut(m) {
-                list.retain(|x| x != id);
-                if list.is_empty() {
-                    self.waiters.remove(m);
-                }
-            }
-        }
-        if b.kind != BufKind::Pending {
-            if let Some(list) = self.key_waiters.get_mut(&b.op.key_id) {
-                list.retain(|x| x != id);
-                if list.is_empty() {
-                    self.key_waiters.remove(&b.op.key_id);
-                }
-            }
-        }
-        if b.kind == BufKind::DataKeyWait {
-            self.data_deadlines.remove(&(b.deadline_ms, b.seq));
-        }
     }
 
     /// SPEC §7: what overflows is evicted oldest first and counted.
     fn enforce_bounds(&mut self, scope: u32) {
-        loop {
-            let s = &mut self.scopes[scope as usize];
-            let victim = if s.buffered_ops() > self.cfg.buffered_ops_per_scope_max
-                || s.buffered_bytes > self.cfg.buffered_bytes_per_scope_max
-            {
-                s.order.oldest(&self.buffered)
-            } else if self.buffered.len() as u64 > self.cfg.buffered_ops_total_max
-                || self.buffered_bytes_total > self.cfg.buffered_bytes_total_max
-            {
-                self.global_order.oldest(&self.buffered)
-            } else {
-                return;
-            };
-            let id = victim.expect("an over-full buffer holds an op");
+        while let Some(id) = self.buffers.over_bound_oldest(scope) {
             self.evict(&id);
         }
     }
@@ -1175,9 +654,25 @@ impl Engine {
     fn evict(&mut self, id: &Hash) {
         let b = self.take_buffered(id).expect("evicting a buffered op");
         self.forget(id);
-        self.unregister(id, &b);
+        self.buffers.unregister(id, &b);
         self.forget_prior(id, Some(&b), false);
         self.stats.evicted += 1;
+    }
+
+    /// Records that an op waits on `m`, for [`Engine::wanted`].
+    pub(super) fn note_waited(&mut self, m: &Hash) {
+        if !self.ops.contains_key(m) {
+            self.maybe_wanted.insert(*m);
+        }
+    }
+
+    /// Forgets an op (evicted, expired, or a drop no longer remembered): a
+    /// later copy is judged afresh. Ops still waiting on it now want it.
+    fn forget(&mut self, id: &Hash) {
+        self.ops.remove(id);
+        if self.buffers.is_waited_on(id) {
+            self.maybe_wanted.insert(*id);
+        }
     }
 
     fn drop_op(&mut self, id: Hash, scope: u32, reason: Reason) {
@@ -1197,7 +692,7 @@ impl Engine {
                 self.out.writes.push(Write::Delete(Cf::Dropped, old.to_vec()));
             }
         }
-        if let Some(ws) = self.waiters.remove(&id) {
+        if let Some(ws) = self.buffers.take_waiters(&id) {
             self.work.extend(ws);
         }
     }
@@ -1273,7 +768,7 @@ impl Engine {
             }
             self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), bytes));
         }
-        if let Some(ws) = self.waiters.remove(&id) {
+        if let Some(ws) = self.buffers.take_waiters(&id) {
             self.work.extend(ws);
         }
     }
@@ -1301,7 +796,7 @@ impl Engine {
 
     /// The cascade (SPEC §6 step 5): an explicit work list, each woken op
     /// judged once per wake; no recursion, no rescans.
-    fn run_cascade(&mut self, now_ms: u64) {
+    pub(super) fn run_cascade(&mut self, now_ms: u64) {
         let mut steps: u64 = 0;
         while steps < self.cascade_budget {
             let Some(id) = self.work.pop_front() else { break };
@@ -1311,9 +806,7 @@ impl Engine {
                 continue; // Evicted, expired, or already settled this cascade.
             };
             self.stats.cascade_released += 1;
-            if b.kind == BufKind::DataKeyWait {
-                self.data_deadlines.remove(&(b.deadline_ms, b.seq));
-            }
+            self.buffers.cancel_deadline(&b);
             // Move the op out (no copy); a re-buffered op gets it back.
             let mut b = b;
             let op = std::mem::replace(&mut b.op, empty_op());
@@ -1343,39 +836,10 @@ impl Engine {
             // released within this commit: drop every put of cancelled keys
             // that is not followed by a live re-put.
             let cancelled = std::mem::take(&mut self.cancelled_buffer_puts);
-            let writes = std::mem::take(&mut self.out.writes);
-            self.out.writes = writes
-                .into_iter()
-                .filter(|w| match w {
-                    Write::Put(cf @ (Cf::Pending | Cf::KeyWaits | Cf::Ops), k, _) => {
-                        let id: Hash = k.as_slice().try_into().expect("buffer keys are ids");
-                        !cancelled.contains(&(*cf as u8, id))
-                    }
-                    _ => true,
-                })
-                .collect();
+            self.out.drop_cancelled_puts(&cancelled);
         }
         self.fresh_buffer_puts.clear();
-        // The event log: one record per scope for this commit.
-        let mut i = 0;
-        while i < self.out.events.len() {
-            let scope = self.out.events[i].scope;
-            let first = self.out.events[i].seq;
-            let mut j = i;
-            let mut val = Vec::new();
-            val.extend_from_slice(&0u32.to_le_bytes());
-            while j < self.out.events.len() && self.out.events[j].scope == scope {
-                let e = &self.out.events[j];
-                assert_eq!(e.seq, first + (j - i) as u64, "a scope's events are consecutive in a commit");
-                val.extend_from_slice(&e.op);
-                val.extend_from_slice(&encode(&Event { kind: e.kind.clone(), data: e.data.clone() }));
-                j += 1;
-            }
-            val[..4].copy_from_slice(&((j - i) as u32).to_le_bytes());
-            let key = [scope.as_slice(), &first.to_be_bytes()].concat();
-            self.out.writes.push(Write::Put(Cf::Events, key, val));
-            i = j;
-        }
+        self.out.put_event_log();
         for s in self.scopes.iter_mut().filter(|s| s.dirty) {
             s.dirty = false;
             let rec = ScopeRecord {
@@ -1407,241 +871,6 @@ impl Engine {
         self.projector.take().expect("the engine holds the projector")
     }
 
-    // ----- queries ------------------------------------------------------
-
-    pub fn scope_ids(&self) -> Vec<Hash> {
-        let mut v: Vec<Hash> = self.scopes.iter().map(|s| s.id).collect();
-        v.sort();
-        v
-    }
-
-    pub fn scope(&self, id: &Hash) -> Option<&Scope> {
-        self.scope_index.get(id).map(|i| &self.scopes[*i as usize])
-    }
-
-    /// The scope root, when the engine folds (see `take_projector`).
-    pub fn scope_root(&mut self, id: &Hash) -> Option<Hash> {
-        self.scope_index.get(id)?;
-        Some(self.projector.as_mut()?.root(id))
-    }
-
-    fn root_of(&mut self, id: &Hash) -> Hash {
-        self.projector.as_mut().map_or(ZERO, |p| p.root(id))
-    }
-
-    /// The SPEC §11 status object, `None` (404) while the genesis is not applied.
-    pub fn status(&mut self, id: &Hash) -> Option<ScopeStatus> {
-        let i = *self.scope_index.get(id)?;
-        if !self.scopes[i as usize].genesis_applied {
-            return None;
-        }
-        let root = self.root_of(id);
-        let s = &self.scopes[i as usize];
-        Some(ScopeStatus {
-            scope: s.id,
-            root,
-            data_heads: s.data_heads.iter().copied().collect(),
-            governance_heads: s.gov_heads.iter().copied().collect(),
-            applied: s.applied,
-            pending: s.pending,
-            key_waiting: s.key_waiting,
-            data_key_waiting: s.data_key_waiting,
-        })
-    }
-
-    /// Every remembered op of a scope with its state, for tests and `inspect`.
-    pub fn report(&mut self, id: &Hash) -> Option<ScopeReport> {
-        let i = *self.scope_index.get(id)?;
-        let mut r = ScopeReport { scope: *id, ..Default::default() };
-        for (op_id, e) in &self.ops {
-            match e {
-                Entry::Applied(m) if m.scope == i => r.applied.push(*op_id),
-                Entry::Dropped { reason, scope } if *scope == i => {
-                    r.dropped.insert(*op_id, *reason);
-                }
-                Entry::Buffered => {
-                    let b = &self.buffered[op_id];
-                    if b.scope == i {
-                        match b.kind {
-                            BufKind::Pending => r.pending.push(*op_id),
-                            BufKind::KeyWait => r.key_waiting.push(*op_id),
-                            BufKind::DataKeyWait => r.data_key_waiting.push(*op_id),
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        if let Some(cold) = &self.cold {
-            let scope_id = self.scopes[i as usize].id;
-            let ops = &self.ops;
-            cold.scan(&mut |op_id, bytes| {
-                // The ops table holds pending ops too.
-                if matches!(ops.get(op_id), Some(Entry::Buffered)) {
-                    return;
-                }
-                let op = decode_op(bytes).expect("a stored op decodes");
-                if op.scope_of(op_id) == scope_id {
-                    r.applied.push(*op_id);
-                }
-            });
-        }
-        r.applied.sort();
-        r.applied.dedup();
-        for v in [&mut r.pending, &mut r.key_waiting, &mut r.data_key_waiting] {
-            v.sort();
-        }
-        r.root = self.root_of(id);
-        r.divergences = self.projector.as_mut().map_or(0, |p| p.divergences(id));
-        let s = &self.scopes[i as usize];
-        r.data_heads = s.data_heads.iter().copied().collect();
-        r.governance_heads = s.gov_heads.iter().copied().collect();
-        Some(r)
-    }
-
-    /// The state of one op id, for sync and tests.
-    pub fn op_state(&self, id: &Hash) -> OpState {
-        match self.ops.get(id) {
-            None if self.cold_op(id).is_some() => OpState::Applied,
-            None => OpState::Unknown,
-            Some(Entry::Applied(_)) => OpState::Applied,
-            Some(Entry::Dropped { reason, .. }) => OpState::Dropped(*reason),
-            Some(Entry::Buffered) => OpState::Buffered(self.buffered[id].kind),
-        }
-    }
-
-    /// Ids that buffered ops wait for and that are not known at all: what a
-    /// sync should ask peers for. At most `max`.
-    ///
-    /// Cost: the ids waited on that were unknown when first waited on (kept
-    /// in `maybe_wanted` and pruned here), not every id waited on: in a long
-    /// reversed chain nearly all of those are known, buffered themselves.
-    pub fn wanted(&mut self, max: usize) -> Vec<Hash> {
-        let (ops, waiters) = (&self.ops, &self.waiters);
-        self.maybe_wanted.retain(|id| !ops.contains_key(id) && waiters.contains_key(id));
-        self.maybe_wanted.iter().take(max).copied().collect()
-    }
-
-    /// Records that an op waits on `m`, for [`Engine::wanted`].
-    fn note_waited(&mut self, m: &Hash) {
-        if !self.ops.contains_key(m) {
-            self.maybe_wanted.insert(*m);
-        }
-    }
-
-    /// Forgets an op (evicted, expired, or a drop no longer remembered): a
-    /// later copy is judged afresh. Ops still waiting on it now want it.
-    fn forget(&mut self, id: &Hash) {
-        self.ops.remove(id);
-        if self.waiters.contains_key(id) {
-            self.maybe_wanted.insert(*id);
-        }
-    }
-
-    pub fn buffered_total(&self) -> (u64, u64) {
-        (self.buffered.len() as u64, self.buffered_bytes_total)
-    }
-
-    pub fn applied_total(&self) -> u64 {
-        self.scopes.iter().map(|s| s.applied).sum()
-    }
-
-    /// `G(cut)` when every id of `cut` is an applied governance op.
-    pub fn governance_at(&mut self, cut: &[Hash]) -> Option<Arc<GovState>> {
-        for c in cut {
-            if self.gov.get(c).is_none() {
-                return None;
-            }
-        }
-        let mut cut = cut.to_vec();
-        cut.sort();
-        cut.dedup();
-        Some(self.gov.state_at(&cut))
-    }
-
-    /// Scopes whose status changed since the last call.
-    pub fn take_touched_scopes(&mut self) -> Vec<Hash> {
-        let mut t = std::mem::take(&mut self.touched);
-        t.sort_unstable();
-        t.dedup();
-        t.into_iter().map(|i| self.scopes[i as usize].id).collect()
-    }
-
-    /// Every accepted governance op, for the pipeline's replica.
-    pub fn governance_nodes(&self) -> Vec<(Hash, GovNode)> {
-        self.gov.nodes().map(|(id, n)| (*id, n.clone())).collect()
-    }
-
-    /// Every group key held.
-    pub fn keys(&self) -> Vec<[u8; 32]> {
-        self.keys.values().copied().collect()
-    }
-
-    /// When the oldest buffered op was buffered (ms), for the age metric.
-    pub fn oldest_buffered_since_ms(&mut self) -> Option<u64> {
-        let id = self.global_order.oldest(&self.buffered)?;
-        Some(self.buffered[&id].since_ms)
-    }
-
-    /// Per-scope event sequence numbers (the last one handed out).
-    pub fn event_seqs(&self) -> Vec<(Hash, u64)> {
-        self.scopes.iter().map(|s| (s.id, s.event_seq)).collect()
-    }
-
-    pub fn governance_cache_stats(&self) -> (u64, u64) {
-        (self.gov.cache_hits, self.gov.cache_misses)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OpState {
-    Unknown,
-    Applied,
-    Dropped(Reason),
-    Buffered(BufKind),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScopeStatus {
-    pub scope: Hash,
-    pub root: Hash,
-    pub data_heads: Vec<Hash>,
-    pub governance_heads: Vec<Hash>,
-    pub applied: u64,
-    pub pending: u64,
-    pub key_waiting: u64,
-    pub data_key_waiting: u64,
-}
-
-impl ScopeStatus {
-    /// The JSON object of SPEC §11.
-    pub fn to_json(&self) -> serde_json::Value {
-        let hexes = |v: &[Hash]| v.iter().map(hex::encode).collect::<Vec<_>>();
-        serde_json::json!({
-            "scope": hex::encode(self.scope),
-            "root": hex::encode(self.root),
-            "data_heads": hexes(&self.data_heads),
-            "governance_heads": hexes(&self.governance_heads),
-            "applied": self.applied,
-            "pending": self.pending,
-            "key_waiting": self.key_waiting,
-            "data_key_waiting": self.data_key_waiting,
-        })
-    }
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ScopeReport {
-    pub scope: Hash,
-    pub root: Hash,
-    pub data_heads: Vec<Hash>,
-    pub governance_heads: Vec<Hash>,
-    pub applied: Vec<Hash>,
-    pub dropped: BTreeMap<Hash, Reason>,
-    pub key_waiting: Vec<Hash>,
-    pub data_key_waiting: Vec<Hash>,
-    pub pending: Vec<Hash>,
-    pub divergences: u64,
 }
 
 /// A placeholder left in a buffer record whose op was moved out.
@@ -1677,177 +906,10 @@ fn governance_payload_ok(p: &GovPayload) -> bool {
         })
 }
 
-// ----- restoring from the store ------------------------------------------
-
-/// Read access to the tables, for `Engine::restore`.
-pub trait TableScan {
-    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8]));
-}
-
-impl Engine {
-    /// Rebuilds the in-memory indexes from the tables written by earlier
-    /// commits: nothing is re-folded (cells are read back, the tree is
-    /// rebuilt from them). Buffered ops whose wait is already over (which a
-    /// consistent store never has) are re-judged; call `take_commit` after.
-    ///
-    /// With a cold index (`cold`, reading the same store), the applied ops
-    /// read back go to its filter, not to the in-memory index.
-    pub fn restore(cfg: Config, identity: Identity, t: &dyn TableScan, cold: Option<Box<dyn ColdOps>>, now_ms: u64) -> Engine {
-        let mut e = Engine::new(cfg, identity);
-        if let Some(cold) = cold {
-            e.set_cold(cold);
-        }
-        t.scan(Cf::Keys, &mut |k, v| {
-            let key_id: Hash = k.try_into().expect("key id is 32 bytes");
-            let key: [u8; 32] = v.try_into().expect("a group key is 32 bytes");
-            assert_eq!(crate::protocol::crypto::key_id_of(&key), key_id, "stored key matches its id");
-            e.keys.insert(key_id, key);
-        });
-        t.scan(Cf::Meta, &mut |k, v| {
-            if let Some(scope) = k.strip_prefix(META_SCOPE_PREFIX) {
-                let scope: Hash = scope.try_into().expect("scope id is 32 bytes");
-                let rec = ScopeRecord::try_from_slice(v).expect("scope record decodes");
-                let i = e.scope_idx(&scope);
-                let s = &mut e.scopes[i as usize];
-                s.genesis_applied = rec.genesis_applied;
-                s.gov_heads = rec.gov_heads.into_iter().collect();
-                s.data_heads = rec.data_heads.into_iter().collect();
-                s.applied = rec.applied;
-                s.event_seq = rec.event_seq;
-                e.projector.as_mut().expect("a new engine folds").restore_divergences(scope, rec.divergences);
-            }
-        });
-        let mut gov_records: HashMap<Hash, Vec<u8>> = HashMap::new();
-        t.scan(Cf::Governance, &mut |k, v| {
-            gov_records.insert(k.try_into().expect("op id is 32 bytes"), v.to_vec());
-        });
-        // Pending records first: the ops table holds their ops, which are
-        // not applied. A record is the op's seq; one written before session
-        // 13 is seq ‖ op, its op not in the ops table.
-        let mut pending: HashMap<Hash, (u64, Option<Vec<u8>>, bool)> = HashMap::new();
-        t.scan(Cf::Pending, &mut |k, v| {
-            let seq = u64::from_le_bytes(v[..8].try_into().expect("a pending record starts with its seq"));
-            let old_layout = v.len() > 8;
-            pending.insert(k.try_into().expect("op id is 32 bytes"), (seq, old_layout.then(|| v[8..].to_vec()), !old_layout));
-        });
-        let mut per_scope_applied: HashMap<u32, u64> = HashMap::new();
-        t.scan(Cf::Ops, &mut |k, v| {
-            let id: Hash = k.try_into().expect("op id is 32 bytes");
-            if let Some(p) = pending.get_mut(&id) {
-                assert!(p.2, "an op in the ops table has a pending record of the current layout");
-                p.1 = Some(v.to_vec());
-                return;
-            }
-            let op = decode_op(v).expect("a stored op decodes");
-            assert_eq!(delta_id_of_body(op_body(v)), id, "a stored op sits under its id");
-            let scope = e.scope_idx(&op.scope_of(&id));
-            if e.cold.is_some() {
-                e.cold_filter.insert(&id);
-            } else {
-                let cut = e.intern_cut(op.cut_ids());
-                e.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
-            }
-            *per_scope_applied.entry(scope).or_default() += 1;
-            if op.plane == PLANE_GOVERNANCE {
-                let rec = gov_records.remove(&id).expect("an applied governance op has its record");
-                let depth = u32::from_le_bytes(rec[..4].try_into().unwrap());
-                let p = decode_gov_payload(&rec[4..]).expect("stored governance payload decodes");
-                e.gov.insert(id, GovNode { parents: op.parents, depth, author: op.author, actions: p.actions });
-            }
-        });
-        assert!(gov_records.is_empty(), "every governance record has its op");
-        for (scope, n) in per_scope_applied {
-            assert_eq!(e.scopes[scope as usize].applied, n, "scope record counts its applied ops");
-        }
-        t.scan(Cf::Projection, &mut |k, v| {
-            let scope: Hash = k[..32].try_into().expect("scope ‖ path");
-            let path: Hash = k[32..].try_into().expect("scope ‖ path");
-            let (entity, key, cell) = decode_cell_record(v);
-            e.scope_idx(&scope);
-            e.projector.as_mut().expect("a new engine folds").restore_cell(scope, path, entity, key, cell);
-        });
-        let mut dropped: Vec<(u64, Hash, Reason, Hash)> = Vec::new();
-        t.scan(Cf::Dropped, &mut |k, v| {
-            let reason = Reason::from_code(v[0]).expect("stored reason is known");
-            let scope: Hash = v[1..33].try_into().unwrap();
-            let seq = u64::from_le_bytes(v[33..41].try_into().unwrap());
-            dropped.push((seq, k.try_into().unwrap(), reason, scope));
-        });
-        dropped.sort();
-        for (seq, id, reason, scope) in dropped {
-            let scope = e.scope_idx(&scope);
-            e.ops.insert(id, Entry::Dropped { reason, scope });
-            e.dropped_order.push_back((seq, id));
-            e.seq = e.seq.max(seq + 1);
-        }
-        let mut buffered: Vec<(u64, Hash, Vec<u8>, BufKind, bool)> = Vec::new();
-        for (id, (seq, bytes, in_ops)) in pending {
-            buffered.push((seq, id, bytes.expect("a pending record has its op"), BufKind::Pending, in_ops));
-        }
-        t.scan(Cf::KeyWaits, &mut |k, v| {
-            let seq = u64::from_le_bytes(v[..8].try_into().unwrap());
-            buffered.push((seq, k.try_into().unwrap(), v[8..].to_vec(), BufKind::KeyWait, false));
-        });
-        buffered.sort_by_key(|b| b.0);
-        for (seq, id, bytes, kind, in_ops) in buffered {
-            let op = decode_op(&bytes).expect("a buffered op decodes");
-            assert_eq!(delta_id_of_body(op_body(&bytes)), id, "a buffered op sits under its id");
-            let scope = e.scope_idx(&op.scope_of(&id));
-            e.seq = e.seq.max(seq + 1);
-            let mut missing = Vec::new();
-            if kind == BufKind::Pending {
-                for d in op.dependencies() {
-                    if e.applied(d).is_none() {
-                        missing.push(*d);
-                    }
-                }
-                for m in &missing {
-                    e.waiters.entry(*m).or_default().push(id);
-                    e.note_waited(m);
-                }
-                if missing.is_empty() {
-                    e.work.push_back(id);
-                }
-            } else {
-                e.key_waiters.entry(op.key_id).or_default().push(id);
-                if e.keys.contains_key(&op.key_id) {
-                    e.work.push_back(id);
-                }
-            }
-            e.put_buffered(
-                id,
-                Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None }),
-                true,
-            );
-        }
-        // The records were read in id order: age order is by seq.
-        for s in &mut e.scopes {
-            s.order.sort();
-        }
-        e.global_order.sort();
-        // Ops whose dependency is a remembered drop go on to be dropped.
-        let doomed: Vec<Hash> = e.waiters.keys().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
-        for d in doomed {
-            if let Some(ws) = e.waiters.remove(&d) {
-                e.work.extend(ws);
-            }
-        }
-        e.run_cascade(now_ms);
-        e
-    }
-}
-
-fn decode_cell_record(v: &[u8]) -> (String, Vec<u8>, Cell) {
-    let mut r = crate::protocol::codec::Reader::new(v);
-    let entity = r.string(u32::MAX).expect("stored entity");
-    let key = r.bytes(u32::MAX).expect("stored key");
-    let cell = crate::protocol::codec::decode_cell(&v[r.position()..]).expect("stored cell");
-    (entity, key, cell)
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::core::types::OpState;
     use crate::store::memory::MemStore;
     use crate::store::Store;
     use crate::workload::{generate, Generated, Workload, WorkloadConfig};
@@ -1862,13 +924,16 @@ mod tests {
         }
 
         fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) {
-            self.0.lock().unwrap().scan(Cf::Ops, &mut |k, v| f(&k.try_into().unwrap(), v))
+            let store = self.0.lock().unwrap();
+            for (k, v) in store.table(Cf::Ops).into_iter().flatten() {
+                f(&k.as_slice().try_into().unwrap(), v)
+            }
         }
     }
 
     /// A chain of `ops` data ops, and an engine that applied everything
     /// before them, its commits written to a store.
-    fn chain(ops: usize, cfg: Config) -> (Identity, Vec<Generated>, Arc<Mutex<MemStore>>, Engine) {
+    pub(crate) fn chain(ops: usize, cfg: Config) -> (Identity, Vec<Generated>, Arc<Mutex<MemStore>>, Engine) {
         let id = Identity::from_secrets([31; 32], [32; 32]);
         let w: Workload = generate(&WorkloadConfig { data_ops: ops, chain: true, ..Default::default() }, id.public_key, id.kem_public);
         let (prefix, data): (Vec<_>, Vec<_>) = w.messages.into_iter().partition(|m| !m.is_data);
@@ -1881,14 +946,14 @@ mod tests {
         (id, data, store, e)
     }
 
-    fn write(e: &mut Engine, store: &Mutex<MemStore>) -> Commit {
+    pub(crate) fn write(e: &mut Engine, store: &Mutex<MemStore>) -> Commit {
         let c = e.take_commit();
         store.lock().unwrap().write(&c.writes, true).unwrap();
         e.note_durable(c.number);
         c
     }
 
-    fn puts(c: &Commit, cf: Cf) -> Vec<(Vec<u8>, usize)> {
+    pub(crate) fn puts(c: &Commit, cf: Cf) -> Vec<(Vec<u8>, usize)> {
         c.writes
             .iter()
             .filter_map(|w| match w {
@@ -1928,28 +993,6 @@ mod tests {
         let reopened = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
         assert_eq!(reopened.applied_total(), e.applied_total());
         assert_eq!(reopened.buffered_total().0, 0);
-    }
-
-    /// A pending record of the layout before session 13 (seq ‖ op, the op
-    /// not in the ops table) is still read: its op is pending, and applying
-    /// it writes its encoding to the ops table then.
-    #[test]
-    fn a_pending_record_of_the_older_layout_is_read() {
-        let (id, data, store, _) = chain(2, Config::default());
-        let old = Write::Put(Cf::Pending, data[1].id.to_vec(), seq_and_bytes(1_000, &data[1].frame[1..]));
-        store.lock().unwrap().write(&[old], true).unwrap();
-        let mut r = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
-        assert!(r.take_commit().writes.is_empty());
-        assert_eq!(r.op_state(&data[1].id), OpState::Buffered(BufKind::Pending));
-        assert_eq!(r.handle_frame(&data[0].frame, 0), Outcome::Applied);
-        let c = r.take_commit();
-        let mut ops: Vec<Vec<u8>> = puts(&c, Cf::Ops).into_iter().map(|(k, _)| k).collect();
-        ops.sort();
-        let mut want = vec![data[0].id.to_vec(), data[1].id.to_vec()];
-        want.sort();
-        assert_eq!(ops, want);
-        assert!(c.released.is_empty());
-        assert_eq!(r.op_state(&data[1].id), OpState::Applied);
     }
 
     /// A pending op evicted has its ops record deleted; until that deletion

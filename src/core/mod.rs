@@ -6,13 +6,27 @@
 pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
+mod buffers;
 pub mod cold;
+pub mod commit;
 pub mod engine;
 pub mod governance;
+pub mod prejudge;
 pub mod projection;
 pub mod projector;
+pub mod queries;
+pub mod restore;
 pub mod smt;
+pub mod tables;
+pub mod types;
 
 pub use cold::ColdOps;
-pub use engine::*;
-pub use projector::{Check, Fold, Projector, ProjectorStats};
+pub use commit::{Check, Commit, EventOut, Fold};
+pub use engine::Engine;
+pub use prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
+pub use projector::{Projector, ProjectorStats};
+pub use restore::TableScan;
+pub use tables::{Cf, ScopeRecord, Write, META_IDENTITY, META_SCOPE_PREFIX};
+pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};
+/// Frame decoding lives in `protocol`; re-exported here for the drivers.
+pub use crate::protocol::codec::{decode_frame, Decoded};

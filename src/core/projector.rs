@@ -11,28 +11,10 @@
 //! orderer judges N+1. Either way each commit is finished by
 //! [`Projector::finish_commit`] before it is written.
 
-use super::engine::{Cf, Commit, Write};
+use super::commit::{Check, Commit, Fold};
 use super::projection::Projection;
-use crate::protocol::{encode, Action, Hash, PublicKey, ZERO};
-
-/// One applied data op, for the fold.
-#[derive(Clone, Debug)]
-pub struct Fold {
-    pub scope: Hash,
-    pub hlc: u64,
-    pub author: PublicKey,
-    pub actions: Vec<Action>,
-    /// SPEC §8: the data heads were exactly this op once it was applied,
-    /// so the scope root must equal its author's.
-    pub check: Option<Check>,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct Check {
-    pub op: Hash,
-    /// The `root_hash` of the op's payload.
-    pub root: Hash,
-}
+use super::tables::{scope_meta_key, Cf, Write};
+use crate::protocol::{encode, Hash, ZERO};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProjectorStats {
@@ -158,7 +140,7 @@ impl Projector {
         self.settle();
         for (scope, mut rec) in c.records.drain(..) {
             rec.divergences = self.divergences(&scope);
-            c.writes.push(Write::Put(Cf::Meta, super::engine::scope_meta_key(&scope), encode(&rec)));
+            c.writes.push(Write::Put(Cf::Meta, scope_meta_key(&scope), encode(&rec)));
         }
         let mut touched = std::mem::take(&mut self.touched);
         touched.sort_unstable();

@@ -3,6 +3,7 @@
 //! the bytes that remain *before* anything is allocated for it, so a hostile
 //! 4 GiB prefix costs nothing.
 
+use super::crypto::delta_id_of_body;
 use super::types::*;
 use crate::limits::{OP_CUT_MAX, OP_PARENTS_MAX, OP_PAYLOAD_BYTES_MAX};
 
@@ -319,6 +320,24 @@ pub fn decode_cell(bytes: &[u8]) -> Result<Cell, DecodeError> {
 pub fn op_body(encoded_op: &[u8]) -> &[u8] {
     assert!(encoded_op.len() >= 64, "an encoded op ends with its signature");
     &encoded_op[..encoded_op.len() - 64]
+}
+
+/// Decodes a frame's content; for an op, also returns its encoding and id.
+pub enum Decoded {
+    Op { id: Hash, op: Op, bytes: Vec<u8> },
+    Key(KeyDelivery),
+}
+
+/// Decode step of SPEC §6 step 1 (before the signature check).
+pub fn decode_frame(frame: &[u8]) -> Result<Decoded, DecodeError> {
+    match decode_message(frame)? {
+        Message::Op(op) => {
+            let bytes = frame[1..].to_vec();
+            let id = delta_id_of_body(op_body(&bytes));
+            Ok(Decoded::Op { id, op, bytes })
+        }
+        Message::Key(kd) => Ok(Decoded::Key(kd)),
+    }
 }
 
 #[cfg(test)]

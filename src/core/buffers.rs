@@ -1,0 +1,333 @@
+//! The buffers of ops not yet applied (SPEC §6, §7): ops pending on a
+//! missing dependency (indexed by the id they wait for), governance ops
+//! waiting durably for their key, data ops waiting in memory for their key
+//! until a deadline; their counts (ops by kind, bytes) per scope and in
+//! total, and their age orders, for eviction oldest first.
+//!
+//! The engine decides what goes in and what comes out (verdicts, the
+//! cascade, the records a commit writes, the index of known ops); the
+//! buffers hold the ops and answer what waits on what, which wait expired
+//! and which op to evict next.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::prejudge::Prepared;
+use super::types::{BufKind, Config};
+use super::IdMap;
+use crate::protocol::{Hash, Op};
+
+/// An op in a buffer.
+pub(crate) struct Buffered {
+    pub(crate) op: Op,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) scope: u32,
+    pub(crate) kind: BufKind,
+    /// Pending, with its encoding in the ops table (`Cf::Ops`) since it was
+    /// buffered: applying it writes nothing more of it. False for a pending
+    /// record of the older layout (its encoding in the record itself).
+    pub(crate) in_ops: bool,
+    pub(crate) seq: u64,
+    /// Pending: the ids it is registered under in `waiters`.
+    pub(crate) missing: Vec<Hash>,
+    pub(crate) deadline_ms: u64,
+    pub(crate) since_ms: u64,
+    /// What the pipeline's authorizer and decryptor found (a pending op:
+    /// they ran before its parents arrived), kept so that its release does
+    /// not decrypt it again on the engine's thread. The plaintext counts
+    /// against `PREPARED_BYTES_MAX`, not the buffer bounds.
+    pub(crate) pre: Option<Prepared>,
+}
+
+/// Buffered ops by age (`seq`), oldest first, for eviction. Removal is
+/// lazy: an entry is live while its op is buffered with that `seq`; dead
+/// entries leave at the front, or all at once when they come to outnumber
+/// the live ones (so the deque stays within about twice the buffer). A
+/// `BTreeMap<seq, id>` did the same with an insert and a remove per
+/// buffered op, searched from the root each time.
+#[derive(Default)]
+struct AgeOrder(VecDeque<(u64, Hash)>);
+
+impl AgeOrder {
+    fn is_live(buffered: &IdMap<Hash, Box<Buffered>>, (seq, id): &(u64, Hash)) -> bool {
+        buffered.get(id).is_some_and(|b| b.seq == *seq)
+    }
+
+    /// Appends an op just buffered with a new `seq` (`live`: how many ops
+    /// this order holds, this one included).
+    fn push(&mut self, seq: u64, id: Hash, live: u64, buffered: &IdMap<Hash, Box<Buffered>>) {
+        self.0.push_back((seq, id));
+        if self.0.len() as u64 > 2 * live + 64 {
+            self.0.retain(|e| Self::is_live(buffered, e));
+        }
+    }
+
+    /// The oldest live entry, dropping the dead ones before it.
+    fn oldest(&mut self, buffered: &IdMap<Hash, Box<Buffered>>) -> Option<Hash> {
+        while let Some(front) = self.0.front() {
+            if Self::is_live(buffered, front) {
+                return Some(front.1);
+            }
+            self.0.pop_front();
+        }
+        None
+    }
+
+    fn sort(&mut self) {
+        self.0.make_contiguous().sort_unstable();
+    }
+}
+
+/// Plaintext of buffered ops kept from the pipeline's decryptor, all scopes
+/// together; beyond, a buffered op keeps only its authorization and is
+/// decrypted again when released.
+const PREPARED_BYTES_MAX: usize = 32 << 20;
+
+fn prepared_bytes(pre: &Option<Prepared>) -> usize {
+    match pre {
+        Some(Prepared { opened: Some(Some(p)), .. }) => p.len(),
+        _ => 0,
+    }
+}
+
+/// The ops one scope holds in the buffers, by kind, and their bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BufferCounts {
+    pub(crate) pending: u64,
+    pub(crate) key_waiting: u64,
+    pub(crate) data_key_waiting: u64,
+    pub(crate) bytes: u64,
+}
+
+impl BufferCounts {
+    fn ops(&self) -> u64 {
+        self.pending + self.key_waiting + self.data_key_waiting
+    }
+
+    fn of_kind_mut(&mut self, kind: BufKind) -> &mut u64 {
+        match kind {
+            BufKind::Pending => &mut self.pending,
+            BufKind::KeyWait => &mut self.key_waiting,
+            BufKind::DataKeyWait => &mut self.data_key_waiting,
+        }
+    }
+}
+
+/// One scope's part of the buffers.
+#[derive(Default)]
+struct ScopeBuffers {
+    counts: BufferCounts,
+    /// Buffered ops of this scope by age, for eviction oldest first.
+    order: AgeOrder,
+}
+
+pub(crate) struct Buffers {
+    /// Boxed: a `Buffered` is a few hundred bytes, and a map of 100k of
+    /// them moved every entry at each growth.
+    buffered: IdMap<Hash, Box<Buffered>>,
+    /// Plaintext held in `buffered` entries' `pre` (see `PREPARED_BYTES_MAX`).
+    prepared_bytes_total: usize,
+    /// Pending-by-parent: a missing id → the ops buffered on it.
+    waiters: IdMap<Hash, Vec<Hash>>,
+    /// key_id → the ops waiting for it.
+    key_waiters: IdMap<Hash, Vec<Hash>>,
+    /// Data key waits by (deadline, seq).
+    data_deadlines: BTreeMap<(u64, u64), Hash>,
+    /// By the engine's scope index (`add_scope`).
+    scopes: Vec<ScopeBuffers>,
+    global_order: AgeOrder,
+    bytes_total: u64,
+    ops_per_scope_max: u64,
+    bytes_per_scope_max: u64,
+    ops_total_max: u64,
+    bytes_total_max: u64,
+}
+
+impl Buffers {
+    /// Empty buffers with the bounds of `cfg`.
+    pub(crate) fn new(cfg: &Config) -> Self {
+        Buffers {
+            buffered: IdMap::default(),
+            prepared_bytes_total: 0,
+            waiters: IdMap::default(),
+            key_waiters: IdMap::default(),
+            data_deadlines: BTreeMap::new(),
+            scopes: Vec::new(),
+            global_order: AgeOrder::default(),
+            bytes_total: 0,
+            ops_per_scope_max: cfg.buffered_ops_per_scope_max,
+            bytes_per_scope_max: cfg.buffered_bytes_per_scope_max,
+            ops_total_max: cfg.buffered_ops_total_max,
+            bytes_total_max: cfg.buffered_bytes_total_max,
+        }
+    }
+
+    /// Makes room for the engine's next scope index.
+    pub(crate) fn add_scope(&mut self) {
+        self.scopes.push(ScopeBuffers::default());
+    }
+
+    /// Puts an op in its buffer; `fresh` when its `seq` is new, not when it
+    /// goes back to the buffer it was just taken from (its age entries are
+    /// still in place: nothing between `take` and this call pops or
+    /// compacts them).
+    pub(crate) fn put(&mut self, id: Hash, mut b: Box<Buffered>, fresh: bool) {
+        let kept = prepared_bytes(&b.pre);
+        if kept > 0 && self.prepared_bytes_total + kept > PREPARED_BYTES_MAX {
+            if let Some(p) = b.pre.as_mut() {
+                p.opened = None;
+            }
+        }
+        self.prepared_bytes_total += prepared_bytes(&b.pre);
+        let s = &mut self.scopes[b.scope as usize];
+        *s.counts.of_kind_mut(b.kind) += 1;
+        s.counts.bytes += b.bytes.len() as u64;
+        let (seq, scope, scope_ops) = (b.seq, b.scope as usize, s.counts.ops());
+        self.bytes_total += b.bytes.len() as u64;
+        self.buffered.insert(id, b);
+        if fresh {
+            let buffered = &self.buffered;
+            self.scopes[scope].order.push(seq, id, scope_ops, buffered);
+            self.global_order.push(seq, id, buffered.len() as u64, buffered);
+        }
+    }
+
+    /// Takes an op out of its buffer (not out of the lists it is registered
+    /// in: see `unregister`).
+    pub(crate) fn take(&mut self, id: &Hash) -> Option<Box<Buffered>> {
+        let b = self.buffered.remove(id)?;
+        self.prepared_bytes_total -= prepared_bytes(&b.pre);
+        let s = &mut self.scopes[b.scope as usize];
+        *s.counts.of_kind_mut(b.kind) -= 1;
+        s.counts.bytes -= b.bytes.len() as u64;
+        self.bytes_total -= b.bytes.len() as u64;
+        Some(b)
+    }
+
+    /// Registers a buffered op under what it waits for: each missing
+    /// dependency (pending), its key (key waits), its deadline (data key
+    /// waits).
+    pub(crate) fn register(&mut self, id: Hash, b: &Buffered) {
+        for m in &b.missing {
+            self.waiters.entry(*m).or_default().push(id);
+        }
+        if b.kind != BufKind::Pending {
+            self.key_waiters.entry(b.op.key_id).or_default().push(id);
+        }
+        if b.kind == BufKind::DataKeyWait {
+            self.data_deadlines.insert((b.deadline_ms, b.seq), id);
+        }
+    }
+
+    /// Removes a buffered op from the lists it is registered in.
+    pub(crate) fn unregister(&mut self, id: &Hash, b: &Buffered) {
+        for m in &b.missing {
+            if let Some(list) = self.waiters.get_mut(m) {
+                list.retain(|x| x != id);
+                if list.is_empty() {
+                    self.waiters.remove(m);
+                }
+            }
+        }
+        if b.kind != BufKind::Pending {
+            if let Some(list) = self.key_waiters.get_mut(&b.op.key_id) {
+                list.retain(|x| x != id);
+                if list.is_empty() {
+                    self.key_waiters.remove(&b.op.key_id);
+                }
+            }
+        }
+        if b.kind == BufKind::DataKeyWait {
+            self.data_deadlines.remove(&(b.deadline_ms, b.seq));
+        }
+    }
+
+    /// A data op woken before its deadline no longer expires.
+    pub(crate) fn cancel_deadline(&mut self, b: &Buffered) {
+        if b.kind == BufKind::DataKeyWait {
+            self.data_deadlines.remove(&(b.deadline_ms, b.seq));
+        }
+    }
+
+    /// The ops waiting for `id` (it is applied or dropped: their wait on it
+    /// is over), no longer registered under it.
+    pub(crate) fn take_waiters(&mut self, id: &Hash) -> Option<Vec<Hash>> {
+        self.waiters.remove(id)
+    }
+
+    /// The ops waiting for the key `key_id` (it arrived).
+    pub(crate) fn take_key_waiters(&mut self, key_id: &Hash) -> Option<Vec<Hash>> {
+        self.key_waiters.remove(key_id)
+    }
+
+    /// Whether some buffered op waits for `id`.
+    pub(crate) fn is_waited_on(&self, id: &Hash) -> bool {
+        self.waiters.contains_key(id)
+    }
+
+    /// Every id some buffered op waits for.
+    pub(crate) fn waited_on(&self) -> impl Iterator<Item = &Hash> {
+        self.waiters.keys()
+    }
+
+    /// The next data key wait whose deadline is `now_ms` or earlier, its
+    /// deadline removed (the op may have left its buffer since).
+    pub(crate) fn pop_expired(&mut self, now_ms: u64) -> Option<Hash> {
+        let (&(deadline, seq), &id) = self.data_deadlines.iter().next()?;
+        if deadline > now_ms {
+            return None;
+        }
+        self.data_deadlines.remove(&(deadline, seq));
+        Some(id)
+    }
+
+    /// The earliest data key-wait deadline.
+    pub(crate) fn next_deadline_ms(&self) -> Option<u64> {
+        self.data_deadlines.keys().next().map(|(d, _)| *d)
+    }
+
+    /// SPEC §7: while `scope` or all the buffers together are over a bound,
+    /// the op to evict next, the oldest (by `seq`) of that scope or of all.
+    pub(crate) fn over_bound_oldest(&mut self, scope: u32) -> Option<Hash> {
+        let s = &mut self.scopes[scope as usize];
+        let victim = if s.counts.ops() > self.ops_per_scope_max
+            || s.counts.bytes > self.bytes_per_scope_max
+        {
+            s.order.oldest(&self.buffered)
+        } else if self.buffered.len() as u64 > self.ops_total_max
+            || self.bytes_total > self.bytes_total_max
+        {
+            self.global_order.oldest(&self.buffered)
+        } else {
+            return None;
+        };
+        Some(victim.expect("an over-full buffer holds an op"))
+    }
+
+    /// The records were read in id order at restore: puts the age orders
+    /// back in order of `seq`.
+    pub(crate) fn sort_age_orders(&mut self) {
+        for s in &mut self.scopes {
+            s.order.sort();
+        }
+        self.global_order.sort();
+    }
+
+    pub(crate) fn get(&self, id: &Hash) -> Option<&Buffered> {
+        self.buffered.get(id).map(|b| &**b)
+    }
+
+    /// When the oldest buffered op was buffered (ms).
+    pub(crate) fn oldest_since_ms(&mut self) -> Option<u64> {
+        let id = self.global_order.oldest(&self.buffered)?;
+        Some(self.buffered[&id].since_ms)
+    }
+
+    pub(crate) fn counts(&self, scope: u32) -> BufferCounts {
+        self.scopes[scope as usize].counts
+    }
+
+    /// Ops buffered and their bytes, all scopes together.
+    pub(crate) fn total(&self) -> (u64, u64) {
+        (self.buffered.len() as u64, self.bytes_total)
+    }
+}

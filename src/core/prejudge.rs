@@ -1,0 +1,54 @@
+//! What the pipeline computes ahead of the engine, as pure functions of an
+//! op and of accepted governance ops: the op with its signature checked
+//! (`VerifiedOp`), its authorization at its cut (`authorize_at`), its
+//! payload opened (`Prepared`). The engine uses them on an op's first
+//! judgement and computes whatever is missing itself, with the same result.
+
+use super::governance::GovState;
+use crate::protocol::{Hash, Op, Role, PLANE_DATA, PLANE_GOVERNANCE};
+
+/// A signature-checked op on its way in (`delta_id` recomputed).
+#[derive(Clone, Debug)]
+pub struct VerifiedOp {
+    pub id: Hash,
+    pub op: Op,
+    pub bytes: Vec<u8>,
+    /// Work the pipeline's stages did ahead of the engine.
+    pub pre: Prepared,
+}
+
+/// Authorization at the cut (SPEC §6 step 3, less `stale_cut`): a pure
+/// function of the op and `G(cut)`, so a stage holding a replica of the
+/// governance index computes the same verdict as the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreAuth {
+    Ok,
+    Unauthorized,
+    StaleKey,
+}
+
+pub fn authorize_at(g: &GovState, op: &Op) -> PreAuth {
+    let authorized = match (op.plane, g.role(&op.author)) {
+        (PLANE_GOVERNANCE, Some(Role::Admin)) => true,
+        (PLANE_DATA, Some(Role::Writer | Role::Admin)) => true,
+        _ => false,
+    };
+    if !authorized {
+        PreAuth::Unauthorized
+    } else if g.current_key() != Some(&op.key_id) {
+        PreAuth::StaleKey
+    } else {
+        PreAuth::Ok
+    }
+}
+
+/// Results computed ahead by the authorizer and decryptor stages; the
+/// engine uses them on an op's first judgement and computes anything
+/// missing itself.
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    pub auth: Option<PreAuth>,
+    /// The payload opened with the key of `key_id`: `Some(None)` is a tag
+    /// mismatch.
+    pub opened: Option<Option<Vec<u8>>>,
+}

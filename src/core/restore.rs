@@ -1,0 +1,201 @@
+//! `Engine::restore`: the engine rebuilt from the tables earlier commits
+//! wrote (`TableScan`), at open.
+//!
+//! It sets the engine's indexes directly (so the engine's fields it fills
+//! are `pub(super)`): keys, scope records, applied ops (into the cold
+//! filter when there is a cold index), governance, cells, remembered drops
+//! and buffered ops, whose by-parent index is derived here.
+
+use std::collections::HashMap;
+
+use borsh::BorshDeserialize;
+
+use super::buffers::Buffered;
+use super::cold::ColdOps;
+use super::engine::{AppliedMeta, Engine, Entry};
+use super::governance::GovNode;
+use super::tables::{decode_cell_record, Cf, ScopeRecord, META_SCOPE_PREFIX};
+use super::types::{BufKind, Config, Identity, Reason};
+use crate::protocol::codec::{decode_gov_payload, decode_op, op_body};
+use crate::protocol::crypto::delta_id_of_body;
+use crate::protocol::{Hash, PLANE_GOVERNANCE};
+
+/// Read access to the tables, for `Engine::restore`.
+pub trait TableScan {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8]));
+}
+
+impl Engine {
+    /// Rebuilds the in-memory indexes from the tables written by earlier
+    /// commits: nothing is re-folded (cells are read back, the tree is
+    /// rebuilt from them). Buffered ops whose wait is already over (which a
+    /// consistent store never has) are re-judged; call `take_commit` after.
+    ///
+    /// With a cold index (`cold`, reading the same store), the applied ops
+    /// read back go to its filter, not to the in-memory index.
+    pub fn restore(cfg: Config, identity: Identity, t: &dyn TableScan, cold: Option<Box<dyn ColdOps>>, now_ms: u64) -> Engine {
+        let mut e = Engine::new(cfg, identity);
+        if let Some(cold) = cold {
+            e.set_cold(cold);
+        }
+        t.scan(Cf::Keys, &mut |k, v| {
+            let key_id: Hash = k.try_into().expect("key id is 32 bytes");
+            let key: [u8; 32] = v.try_into().expect("a group key is 32 bytes");
+            assert_eq!(crate::protocol::crypto::key_id_of(&key), key_id, "stored key matches its id");
+            e.keys.insert(key_id, key);
+        });
+        t.scan(Cf::Meta, &mut |k, v| {
+            if let Some(scope) = k.strip_prefix(META_SCOPE_PREFIX) {
+                let scope: Hash = scope.try_into().expect("scope id is 32 bytes");
+                let rec = ScopeRecord::try_from_slice(v).expect("scope record decodes");
+                let i = e.scope_idx(&scope);
+                let s = &mut e.scopes[i as usize];
+                s.genesis_applied = rec.genesis_applied;
+                s.gov_heads = rec.gov_heads.into_iter().collect();
+                s.data_heads = rec.data_heads.into_iter().collect();
+                s.applied = rec.applied;
+                s.event_seq = rec.event_seq;
+                e.projector.as_mut().expect("a new engine folds").restore_divergences(scope, rec.divergences);
+            }
+        });
+        let mut gov_records: HashMap<Hash, Vec<u8>> = HashMap::new();
+        t.scan(Cf::Governance, &mut |k, v| {
+            gov_records.insert(k.try_into().expect("op id is 32 bytes"), v.to_vec());
+        });
+        // Pending records first: the ops table holds their ops, which are
+        // not applied. A record is the op's seq; one written before session
+        // 13 is seq ‖ op, its op not in the ops table.
+        let mut pending: HashMap<Hash, (u64, Option<Vec<u8>>, bool)> = HashMap::new();
+        t.scan(Cf::Pending, &mut |k, v| {
+            let seq = u64::from_le_bytes(v[..8].try_into().expect("a pending record starts with its seq"));
+            let old_layout = v.len() > 8;
+            pending.insert(k.try_into().expect("op id is 32 bytes"), (seq, old_layout.then(|| v[8..].to_vec()), !old_layout));
+        });
+        let mut per_scope_applied: HashMap<u32, u64> = HashMap::new();
+        t.scan(Cf::Ops, &mut |k, v| {
+            let id: Hash = k.try_into().expect("op id is 32 bytes");
+            if let Some(p) = pending.get_mut(&id) {
+                assert!(p.2, "an op in the ops table has a pending record of the current layout");
+                p.1 = Some(v.to_vec());
+                return;
+            }
+            let op = decode_op(v).expect("a stored op decodes");
+            assert_eq!(delta_id_of_body(op_body(v)), id, "a stored op sits under its id");
+            let scope = e.scope_idx(&op.scope_of(&id));
+            if e.cold.is_some() {
+                e.cold_filter.insert(&id);
+            } else {
+                let cut = e.intern_cut(op.cut_ids());
+                e.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
+            }
+            *per_scope_applied.entry(scope).or_default() += 1;
+            if op.plane == PLANE_GOVERNANCE {
+                let rec = gov_records.remove(&id).expect("an applied governance op has its record");
+                let depth = u32::from_le_bytes(rec[..4].try_into().unwrap());
+                let p = decode_gov_payload(&rec[4..]).expect("stored governance payload decodes");
+                e.gov.insert(id, GovNode { parents: op.parents, depth, author: op.author, actions: p.actions });
+            }
+        });
+        assert!(gov_records.is_empty(), "every governance record has its op");
+        for (scope, n) in per_scope_applied {
+            assert_eq!(e.scopes[scope as usize].applied, n, "scope record counts its applied ops");
+        }
+        t.scan(Cf::Projection, &mut |k, v| {
+            let scope: Hash = k[..32].try_into().expect("scope ‖ path");
+            let path: Hash = k[32..].try_into().expect("scope ‖ path");
+            let (entity, key, cell) = decode_cell_record(v);
+            e.scope_idx(&scope);
+            e.projector.as_mut().expect("a new engine folds").restore_cell(scope, path, entity, key, cell);
+        });
+        let mut dropped: Vec<(u64, Hash, Reason, Hash)> = Vec::new();
+        t.scan(Cf::Dropped, &mut |k, v| {
+            let reason = Reason::from_code(v[0]).expect("stored reason is known");
+            let scope: Hash = v[1..33].try_into().unwrap();
+            let seq = u64::from_le_bytes(v[33..41].try_into().unwrap());
+            dropped.push((seq, k.try_into().unwrap(), reason, scope));
+        });
+        dropped.sort();
+        for (seq, id, reason, scope) in dropped {
+            let scope = e.scope_idx(&scope);
+            e.ops.insert(id, Entry::Dropped { reason, scope });
+            e.dropped_order.push_back((seq, id));
+            e.seq = e.seq.max(seq + 1);
+        }
+        let mut buffered: Vec<(u64, Hash, Vec<u8>, BufKind, bool)> = Vec::new();
+        for (id, (seq, bytes, in_ops)) in pending {
+            buffered.push((seq, id, bytes.expect("a pending record has its op"), BufKind::Pending, in_ops));
+        }
+        t.scan(Cf::KeyWaits, &mut |k, v| {
+            let seq = u64::from_le_bytes(v[..8].try_into().unwrap());
+            buffered.push((seq, k.try_into().unwrap(), v[8..].to_vec(), BufKind::KeyWait, false));
+        });
+        buffered.sort_by_key(|b| b.0);
+        for (seq, id, bytes, kind, in_ops) in buffered {
+            let op = decode_op(&bytes).expect("a buffered op decodes");
+            assert_eq!(delta_id_of_body(op_body(&bytes)), id, "a buffered op sits under its id");
+            let scope = e.scope_idx(&op.scope_of(&id));
+            e.seq = e.seq.max(seq + 1);
+            let mut missing = Vec::new();
+            if kind == BufKind::Pending {
+                for d in op.dependencies() {
+                    if e.applied(d).is_none() {
+                        missing.push(*d);
+                    }
+                }
+                for m in &missing {
+                    e.note_waited(m);
+                }
+                if missing.is_empty() {
+                    e.work.push_back(id);
+                }
+            } else if e.keys.contains_key(&op.key_id) {
+                e.work.push_back(id);
+            }
+            let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None });
+            e.buffers.register(id, &b);
+            e.put_buffered(id, b, true);
+        }
+        // The records were read in id order: age order is by seq.
+        e.buffers.sort_age_orders();
+        // Ops whose dependency is a remembered drop go on to be dropped.
+        let doomed: Vec<Hash> = e.buffers.waited_on().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
+        for d in doomed {
+            if let Some(ws) = e.buffers.take_waiters(&d) {
+                e.work.extend(ws);
+            }
+        }
+        e.run_cascade(now_ms);
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::engine::tests::{chain, puts};
+    use crate::core::tables::{seq_and_bytes, Write};
+    use crate::core::types::{OpState, Outcome};
+    use crate::store::Store;
+
+    /// A pending record of the layout before session 13 (seq ‖ op, the op
+    /// not in the ops table) is still read: its op is pending, and applying
+    /// it writes its encoding to the ops table then.
+    #[test]
+    fn a_pending_record_of_the_older_layout_is_read() {
+        let (id, data, store, _) = chain(2, Config::default());
+        let old = Write::Put(Cf::Pending, data[1].id.to_vec(), seq_and_bytes(1_000, &data[1].frame[1..]));
+        store.lock().unwrap().write(&[old], true).unwrap();
+        let mut r = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
+        assert!(r.take_commit().writes.is_empty());
+        assert_eq!(r.op_state(&data[1].id), OpState::Buffered(BufKind::Pending));
+        assert_eq!(r.handle_frame(&data[0].frame, 0), Outcome::Applied);
+        let c = r.take_commit();
+        let mut ops: Vec<Vec<u8>> = puts(&c, Cf::Ops).into_iter().map(|(k, _)| k).collect();
+        ops.sort();
+        let mut want = vec![data[0].id.to_vec(), data[1].id.to_vec()];
+        want.sort();
+        assert_eq!(ops, want);
+        assert!(c.released.is_empty());
+        assert_eq!(r.op_state(&data[1].id), OpState::Applied);
+    }
+}

@@ -1,0 +1,98 @@
+//! The store's tables as the engine sees them: the column families (`Cf`),
+//! the writes of a commit (`Write`), and the keys and records it puts in
+//! them (the per-scope record, the meta keys, a buffered op's record, a
+//! projection cell's record). The layouts are in `docs/ARCHITECTURE.md`,
+//! "Storage".
+
+use borsh::{BorshDeserialize, BorshSerialize};
+
+use crate::protocol::{Cell, Hash};
+
+/// The column families of the store (one table each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Cf {
+    /// delta_id → the op as received (first valid copy): every applied op,
+    /// and every op buffered on a missing dependency (a `Pending` record
+    /// says which), so that a parked op's bytes are written once.
+    Ops,
+    /// delta_id → seq: ops buffered on a missing dependency, their bytes in
+    /// `Ops` (or, written before session 13, seq ‖ op). The by-parent index
+    /// is derived from them at open.
+    Pending,
+    /// delta_id → seq ‖ op: governance ops waiting for their key.
+    KeyWaits,
+    /// scope ‖ path → entity, key, cell.
+    Projection,
+    /// delta_id → depth ‖ plaintext payload of an applied governance op.
+    Governance,
+    /// delta_id → reason ‖ scope ‖ seq: remembered drop verdicts.
+    Dropped,
+    /// key_id → group key.
+    Keys,
+    /// Node identity and per-scope records (heads, counters).
+    Meta,
+    /// scope ‖ first seq (big-endian) → the events of one commit in that
+    /// scope, consecutive from `first seq`: count ‖ (op ‖ borsh(Event))*.
+    /// One record per commit and scope, not per event.
+    Events,
+}
+
+impl Cf {
+    pub const ALL: [Cf; 9] =
+        [Cf::Ops, Cf::Pending, Cf::KeyWaits, Cf::Projection, Cf::Governance, Cf::Dropped, Cf::Keys, Cf::Meta, Cf::Events];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cf::Ops => "ops",
+            Cf::Pending => "pending",
+            Cf::KeyWaits => "key_waits",
+            Cf::Projection => "projection",
+            Cf::Governance => "governance",
+            Cf::Dropped => "dropped",
+            Cf::Keys => "keys",
+            Cf::Meta => "meta",
+            Cf::Events => "events",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    Put(Cf, Vec<u8>, Vec<u8>),
+    Delete(Cf, Vec<u8>),
+}
+
+/// The per-scope record in `Cf::Meta` (key `scope/` ‖ id). The engine
+/// fills all but `divergences`, which the projector counts and fills.
+#[derive(Clone, Debug, BorshSerialize, BorshDeserialize)]
+pub struct ScopeRecord {
+    pub genesis_applied: bool,
+    pub gov_heads: Vec<Hash>,
+    pub data_heads: Vec<Hash>,
+    pub applied: u64,
+    pub divergences: u64,
+    pub event_seq: u64,
+}
+
+pub const META_IDENTITY: &[u8] = b"identity";
+pub const META_SCOPE_PREFIX: &[u8] = b"scope/";
+
+/// The key of a scope's record in `Cf::Meta`: `scope/` ‖ id.
+pub(crate) fn scope_meta_key(scope: &Hash) -> Vec<u8> {
+    [META_SCOPE_PREFIX, scope.as_slice()].concat()
+}
+
+/// A key wait's record (and a pending record of the older layout): seq ‖ op.
+pub(crate) fn seq_and_bytes(seq: u64, bytes: &[u8]) -> Vec<u8> {
+    [&seq.to_le_bytes()[..], bytes].concat()
+}
+
+/// A `Cf::Projection` record, as `Projector::finish_commit` writes it:
+/// borsh of (entity, key, cell).
+pub(crate) fn decode_cell_record(v: &[u8]) -> (String, Vec<u8>, Cell) {
+    let mut r = crate::protocol::codec::Reader::new(v);
+    let entity = r.string(u32::MAX).expect("stored entity");
+    let key = r.bytes(u32::MAX).expect("stored key");
+    let cell = crate::protocol::codec::decode_cell(&v[r.position()..]).expect("stored cell");
+    (entity, key, cell)
+}
