@@ -7,14 +7,14 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::core::{Config, Engine, Outcome, Reason, Stats};
-use crate::durable::{Durable, FrameItem, FrameReader};
+use crate::durable::{FileFrames, FrameItem, InlineDriver};
 use crate::store::rocks::RocksStore;
 
 
-pub fn open(data_dir: &Path, cfg: Config) -> anyhow_like::Result<Durable<RocksStore>> {
+pub fn open(data_dir: &Path, cfg: Config) -> anyhow_like::Result<InlineDriver<RocksStore>> {
     let store = RocksStore::open(data_dir)
         .map_err(|e| anyhow_like::Error(format!("cannot open the store at {}: {e}", data_dir.display())))?;
-    Durable::open(store, cfg, now_ms()).map_err(|e| anyhow_like::Error(format!("cannot open the node state: {e}")))
+    InlineDriver::open(store, cfg, now_ms()).map_err(|e| anyhow_like::Error(format!("cannot open the node state: {e}")))
 }
 
 pub fn identity_json(engine: &Engine) -> serde_json::Value {
@@ -84,7 +84,7 @@ pub fn import(data_dir: &Path, file: &str, batch_frames: usize, cfg: Config) -> 
             std::fs::File::open(file).map_err(|e| anyhow_like::Error(format!("cannot read {file}: {e}")))?,
         ))
     };
-    let mut reader = FrameReader::new(input);
+    let mut reader = FileFrames::new(input);
     let before = node.engine.stats.clone();
     let mut counts = OutcomeCounts::default();
     let mut batch: Vec<Vec<u8>> = Vec::with_capacity(batch_frames);

@@ -86,9 +86,9 @@ where
 /// Opens a bidirectional stream: frames written on the writer reach the
 /// peer's decoder; the peer's replies come out of the reader. The peer sees
 /// the stream only once the first frame is written.
-pub async fn open_bi(conn: &Connection) -> Result<(FrameWriter, FrameReader), ConnectionError> {
+pub async fn open_bi(conn: &Connection) -> Result<(FrameWriter, StreamFrames), ConnectionError> {
     let (send, recv) = conn.open_bi().await?;
-    Ok((FrameWriter { send }, FrameReader { recv, max_len: FRAME_CONTENT_BYTES_MAX }))
+    Ok((FrameWriter { send }, StreamFrames { recv, max_len: FRAME_CONTENT_BYTES_MAX }))
 }
 
 /// Writes frames on one stream.
@@ -114,14 +114,15 @@ impl FrameWriter {
     }
 }
 
-/// Reads frames from one stream, up to the SPEC frame limit.
+/// Reads frames from one QUIC stream, up to the SPEC frame limit (frames
+/// from a file are `durable::FileFrames`).
 #[derive(Debug)]
-pub struct FrameReader {
+pub struct StreamFrames {
     recv: RecvStream,
     max_len: u32,
 }
 
-impl FrameReader {
+impl StreamFrames {
     /// The next frame, or `None` once the peer finished the stream.
     pub async fn read(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
         read_frame(&mut self.recv, self.max_len).await

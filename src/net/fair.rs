@@ -131,9 +131,9 @@ pub(crate) struct Fair<T> {
     turns: Arc<OriginTurns>,
 }
 
-/// The node's channel is gone: it takes nothing more.
+/// The node's ingest is gone: it takes nothing more.
 #[derive(Debug)]
-pub(crate) struct Closed;
+pub(crate) struct IngestClosed;
 
 impl<T: Send + 'static> Fair<T> {
     pub fn new(origin_bytes_max: usize, turns: Arc<OriginTurns>) -> Fair<T> {
@@ -173,9 +173,9 @@ impl<T: Send + 'static> Fair<T> {
     }
 
     /// Queues `held` on `lane`, scheduling the lane if it was idle.
-    pub fn push(&self, lane: &Arc<Lane<T>>, held: Held<T>) -> Result<(), Closed> {
+    pub fn push(&self, lane: &Arc<Lane<T>>, held: Held<T>) -> Result<(), IngestClosed> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(Closed);
+            return Err(IngestClosed);
         }
         let mut q = lane.queue.lock().unwrap();
         q.items.push_back(held);

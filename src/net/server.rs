@@ -50,7 +50,7 @@ pub const REPLY_FRAMES_QUEUED_MAX: usize = 8;
 /// How long one reply frame may take to be accepted by quinn (i.e. for the
 /// peer to extend flow-control credit). A peer that does not read its replies
 /// for this long has its stream reset with [`ERR_TIMEOUT`], which wakes every
-/// waiting `Reply::send` with `Closed`: this is what bounds `send`.
+/// waiting `Reply::send` with [`ReplyClosed`]: this is what bounds `send`.
 pub const REPLY_FRAME_WRITE_TIMEOUT_MS: u32 = 10_000;
 
 /// How long shutdown waits for peers to acknowledge the connection close, so
@@ -339,11 +339,11 @@ pub struct Reply {
 /// or the writer timed out). Holds the frame that was not sent.
 #[derive(thiserror::Error)]
 #[error("reply stream closed")]
-pub struct Closed(pub Vec<u8>);
+pub struct ReplyClosed(pub Vec<u8>);
 
-impl fmt::Debug for Closed {
+impl fmt::Debug for ReplyClosed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Closed({} bytes)", self.0.len())
+        write!(f, "ReplyClosed({} bytes)", self.0.len())
     }
 }
 
@@ -378,9 +378,9 @@ impl Reply {
     ///
     /// Panics if the content is over the SPEC frame limit: the node's own
     /// frames are built within it, so that is a programmer's error.
-    pub async fn send(&self, frame: Vec<u8>) -> Result<(), Closed> {
+    pub async fn send(&self, frame: Vec<u8>) -> Result<(), ReplyClosed> {
         assert_frame_len(&frame);
-        self.frames.send(frame).await.map_err(|e| Closed(e.0))
+        self.frames.send(frame).await.map_err(|e| ReplyClosed(e.0))
     }
 
     /// Queues one frame's content if there is room, at once.
@@ -486,7 +486,7 @@ fn describe_metrics() {
 }
 
 /// What every stream task needs.
-struct Shared<D: FrameDecoder> {
+struct ServerShared<D: FrameDecoder> {
     decoder: Arc<D>,
     /// Decoded items wait here, one queue per origin, for the dispatcher.
     fair: Fair<Inbound<D::Item>>,
@@ -529,7 +529,7 @@ pub async fn run_server_with_turns<D: FrameDecoder>(
     cfg.validate()?;
     describe_metrics();
     // All validated to fit a semaphore.
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ServerShared {
         decoder,
         fair: Fair::new(cfg.origin_frames_buffered_bytes_max as usize, turns),
         frame_bytes_budget: Arc::new(Semaphore::new(cfg.frames_buffered_bytes_max as usize)),
@@ -635,7 +635,7 @@ struct ConnectionCtx<D: FrameDecoder> {
     conn_id: u64,
     remote: SocketAddr,
     lane: Arc<Lane<Inbound<D::Item>>>,
-    shared: Arc<Shared<D>>,
+    shared: Arc<ServerShared<D>>,
 }
 
 async fn serve_connection<D: FrameDecoder>(
@@ -643,7 +643,7 @@ async fn serve_connection<D: FrameDecoder>(
     conn_id: u64,
     slot: ConnectionSlot,
     lane: Arc<Lane<Inbound<D::Item>>>,
-    shared: Arc<Shared<D>>,
+    shared: Arc<ServerShared<D>>,
 ) {
     let _slot = slot;
     // The handshake is bounded by the idle timeout, which quinn applies from

@@ -692,7 +692,7 @@ struct FramesFile {
 
 fn read_frames_file(path: &std::path::Path) -> Result<FramesFile, String> {
     let f = std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut r = dagfold::durable::FrameReader::new(std::io::BufReader::new(f));
+    let mut r = dagfold::durable::FileFrames::new(std::io::BufReader::new(f));
     let (mut prefix, mut data) = (Vec::new(), Vec::new());
     let mut ids = std::collections::HashSet::new();
     while let Some(item) = r.next_frame().map_err(|e| e.to_string())? {
