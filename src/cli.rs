@@ -130,9 +130,7 @@ pub fn inspect(data_dir: &Path, scope: Option<&str>, cfg: Config) -> anyhow_like
     let mut node = open(data_dir, cfg)?;
     match scope {
         Some(hex_scope) => {
-            let id: [u8; 32] = hex::decode(hex_scope)
-                .ok()
-                .and_then(|v| v.try_into().ok())
+            let id = crate::protocol::parse_hash_hex(hex_scope)
                 .ok_or_else(|| anyhow_like::Error(format!("--scope takes 64 hex characters, got {hex_scope:?}")))?;
             node.engine
                 .status(&id)
