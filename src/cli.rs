@@ -18,8 +18,7 @@ pub fn open(data_dir: &Path, cfg: Config) -> anyhow_like::Result<InlineDriver<Ro
 }
 
 pub fn identity_json(engine: &Engine) -> serde_json::Value {
-    let id = engine.identity();
-    json!({ "public_key": hex::encode(id.public_key), "kem_public_key": hex::encode(id.kem_public) })
+    crate::node::identity_json(engine.identity())
 }
 
 /// Frames handled per commit during import: large enough to amortize the
