@@ -1,5 +1,6 @@
 //! The dialing side: how a node (or a tool, or a test) reaches a peer and
-//! writes frames to it.
+//! writes frames to it. The node's peer links use [`Dialer`] and [`Link`],
+//! so that they never touch a QUIC type themselves.
 //!
 //! Every wait here is bounded by the connection: the handshake and a silent
 //! peer by the idle timeout, a peer that does not read by flow control (the
@@ -61,6 +62,49 @@ pub fn client_endpoint(bind: SocketAddr, cfg: &ServerConfig) -> Result<Endpoint,
 /// the accept-any config with ALPN `dagfold/1`.
 pub async fn connect(endpoint: &Endpoint, addr: SocketAddr) -> Result<Connection, ConnectError> {
     Ok(endpoint.connect(addr, SERVER_NAME)?.await?)
+}
+
+/// Dials configured peers from the node's endpoint (the one `make_endpoint`
+/// made, which also serves, so a peer sees our connections come from the
+/// address we listen on).
+#[derive(Clone, Debug)]
+pub struct Dialer {
+    endpoint: Endpoint,
+}
+
+impl Dialer {
+    pub fn new(endpoint: &Endpoint) -> Dialer {
+        Dialer { endpoint: endpoint.clone() }
+    }
+
+    /// Connects to the node at `addr` (see [`connect`]).
+    pub async fn dial(&self, addr: SocketAddr) -> Result<Link, ConnectError> {
+        Ok(Link { conn: connect(&self.endpoint, addr).await? })
+    }
+}
+
+/// A connection to a peer node: streams of frames to it, and its end.
+#[derive(Debug)]
+pub struct Link {
+    conn: Connection,
+}
+
+impl Link {
+    /// Opens a unidirectional stream to write frames on.
+    pub async fn open_uni(&self) -> Result<FrameWriter, ConnectionError> {
+        Ok(FrameWriter { send: self.conn.open_uni().await? })
+    }
+
+    /// Opens a bidirectional stream (see [`open_bi`]).
+    pub async fn open_bi(&self) -> Result<(FrameWriter, StreamFrames), ConnectionError> {
+        open_bi(&self.conn).await
+    }
+
+    /// Completes once the connection is closed, by either side or by its
+    /// idle timeout.
+    pub async fn closed(&self) {
+        self.conn.closed().await;
+    }
 }
 
 /// Opens a unidirectional stream, writes `frames` on it, finishes it, and

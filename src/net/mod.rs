@@ -34,7 +34,7 @@ pub mod codes {
     pub const ERR_TIMEOUT: u32 = 3;
 }
 
-pub use client::{client_endpoint, connect, open_bi, send_frames_uni, FrameWriter, StreamFrames};
+pub use client::{client_endpoint, connect, open_bi, send_frames_uni, Dialer, FrameWriter, Link, StreamFrames};
 pub use codes::{ERR_MALFORMED, ERR_NONE, ERR_SHUTDOWN, ERR_TIMEOUT};
 pub use frame::{read_frame, write_frame, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
-pub use server::{make_endpoint, run_server, FrameDecoder, Inbound, Reply, ServerConfig};
+pub use server::{close_endpoint, make_endpoint, run_server, FrameDecoder, Inbound, Reply, ServerConfig};

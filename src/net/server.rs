@@ -588,13 +588,19 @@ pub async fn run_server_with_turns<D: FrameDecoder>(
         connections.spawn(serve_connection(incoming, conn_id, slot, lane, shared.clone()));
     }
 
-    endpoint.close(VarInt::from_u32(ERR_SHUTDOWN), b"shutdown");
+    close_endpoint(&endpoint);
     let drain = Duration::from_millis(u64::from(SHUTDOWN_DRAIN_MS));
     let _ = tokio::time::timeout(drain, endpoint.wait_idle()).await;
     connections.shutdown().await;
     dispatcher.abort();
     shared.fair.close();
     Ok(())
+}
+
+/// Closes every connection of `endpoint` with [`ERR_SHUTDOWN`] and refuses
+/// new ones.
+pub fn close_endpoint(endpoint: &Endpoint) {
+    endpoint.close(VarInt::from_u32(ERR_SHUTDOWN), b"shutdown");
 }
 
 /// One unit of `connections_max` and of the origin's open connections, held

@@ -165,7 +165,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
             shutdown_rx.clone(),
         ));
         let dispatcher = tokio::spawn(serve::dispatch_inbound(shared.clone(), items_rx));
-        let peer_task = tokio::spawn(peers::run_peers(shared.clone(), endpoint.clone(), gossip_rx, shutdown_rx.clone()));
+        let dialer = crate::net::Dialer::new(&endpoint);
+        let peer_task = tokio::spawn(peers::run_peers(shared.clone(), dialer, gossip_rx, shutdown_rx.clone()));
         wait_for_signal().await;
         eprintln!("dagfold: shutting down: draining the pipeline");
         let _ = shutdown_tx.send(true);
@@ -173,7 +174,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         dispatcher.abort();
         peer_task.abort();
         let _ = tokio::time::timeout(Duration::from_secs(2), admin).await;
-        endpoint.close(crate::net::ERR_SHUTDOWN.into(), b"shutdown");
+        crate::net::close_endpoint(&endpoint);
         Ok(())
     });
     // Dropping the last ingest senders lets the pipeline drain and stop.
