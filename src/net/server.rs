@@ -1,23 +1,23 @@
 //! The accept side of the QUIC transport: connections, streams, frames, and
-//! the hand-off of decoded items to the node through one bounded channel,
-//! fed fairly from one queue per origin (`fair`).
+//! the hand-off of decoded items to the node through its [`ItemSink`] (the
+//! node's bounded ingest), fed fairly from one queue per origin (`fair`).
 //!
 //! Tasks: one accept loop; one task per connection; one task per stream that
 //! reads, decodes and queues frames on its origin's lane; one dispatcher that
-//! hands the lanes' items to the node's channel in turn; one writer task per
+//! hands the lanes' items to the node's sink in turn; one writer task per
 //! bidirectional stream that drains its [`Reply`] queue. Decoding runs in the
 //! stream task, so its cost spreads over the tokio workers.
 //!
 //! Backpressure: a stream task reserves each frame's bytes (its origin's
 //! share, then the global budget) before reading it, and the reservation is
-//! held until the dispatcher has put the item into the node's channel. While
-//! the channel is full the budgets fill, stream tasks stop reading, quinn
+//! held until the node's sink has taken the item. While the node is full the
+//! sink waits, the budgets fill, stream tasks stop reading, quinn
 //! stops extending flow-control credit, and the peers' writes block. What the
 //! node holds is therefore bounded by (see [`ServerConfig`]):
 //! - quinn's buffers: `connections_max × connection_receive_window_bytes`;
-//! - frames between quinn and the channel, queued ones included:
+//! - frames between quinn and the sink, queued ones included:
 //!   `frames_buffered_bytes_max`, of which one origin `origin_frames_buffered_bytes_max`;
-//! - the channel: its capacity, the node's choice.
+//! - past the sink: the node's choice (its ingest queue's capacity).
 //!
 //! A peer's fault (a frame over the limit, a truncated frame, a frame that
 //! does not decode) stops that stream with [`ERR_MALFORMED`] and is counted;
@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 
 use super::codes::{ERR_MALFORMED, ERR_SHUTDOWN, ERR_TIMEOUT};
-use super::fair::{origin_of, Admission, Fair, Held, Lane, OriginSlot, OriginTurns, Refusal};
+use super::fair::{origin_of, Admission, Fair, Held, ItemSink, Lane, OriginSlot, OriginTurns, Refusal};
 use super::frame::{write_frame, FrameError, StreamBuf, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES};
 use super::tls::{self, TlsError};
 
@@ -94,9 +94,9 @@ pub struct ServerConfig {
     /// this, so it takes two lost in a row to drop a live peer, while a dead
     /// one is reclaimed within half a minute.
     pub idle_timeout_ms: u32,
-    /// Bytes of frames held between quinn and the node's channel, all
+    /// Bytes of frames held between quinn and the node's sink, all
     /// streams together: a frame's length is reserved before it is allocated
-    /// and released once its item is in the channel. Without it, every
+    /// and released once the sink has taken its item. Without it, every
     /// stream could hold a frame of up to 1 MiB (16k streams: 16 GiB).
     /// Default 64 MiB: ≈ 220k ops of 300 bytes, over 2 s of work at the
     /// verify ceiling, enough to keep the pipeline fed. At least
@@ -491,14 +491,14 @@ struct ServerShared<D: FrameDecoder> {
     /// Decoded items wait here, one queue per origin, for the dispatcher.
     fair: Fair<Inbound<D::Item>>,
     /// Permits are bytes of frames held between quinn and the node's
-    /// channel, all origins together (each frame charged its length plus
+    /// sink, all origins together (each frame charged its length plus
     /// [`FRAME_CHARGE_OVERHEAD_BYTES`]).
     frame_bytes_budget: Arc<Semaphore>,
     frame_bytes_max: u32,
     frame_receive_timeout: Duration,
 }
 
-/// Accepts connections and streams on `endpoint` and sends each decoded
+/// Accepts connections and streams on `endpoint` and hands each decoded
 /// frame to `items`, each origin in turn (see [`super::fair`]), until
 /// `shutdown` turns true (or its sender drops, or the endpoint closes). Then
 /// closes the endpoint with [`ERR_SHUTDOWN`], waits up to
@@ -510,7 +510,7 @@ pub async fn run_server<D: FrameDecoder>(
     endpoint: Endpoint,
     cfg: ServerConfig,
     decoder: Arc<D>,
-    items: mpsc::Sender<Inbound<D::Item>>,
+    items: impl ItemSink<Inbound<D::Item>>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConfigError> {
     run_server_with_turns(endpoint, cfg, decoder, items, shutdown, Default::default()).await
@@ -522,7 +522,7 @@ pub async fn run_server_with_turns<D: FrameDecoder>(
     endpoint: Endpoint,
     cfg: ServerConfig,
     decoder: Arc<D>,
-    items: mpsc::Sender<Inbound<D::Item>>,
+    items: impl ItemSink<Inbound<D::Item>>,
     mut shutdown: watch::Receiver<bool>,
     turns: Arc<OriginTurns>,
 ) -> Result<(), ConfigError> {
@@ -762,7 +762,7 @@ async fn read_stream<D: FrameDecoder>(mut recv: RecvStream, reply: Option<Reply>
         // The reservation stays held while queued: the item is (about) the
         // frame's size, and the queue is exactly where memory would pile up.
         if shared.fair.push(&ctx.lane, Held { item: inbound, permits }).is_err() {
-            // The node dropped its receiver: it takes nothing more.
+            // The node's ingest is gone: it takes nothing more.
             let _ = recv.stop(VarInt::from_u32(ERR_SHUTDOWN));
             return;
         }

@@ -150,12 +150,11 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         first_line["restored_ms"] = (restored_ms as u64).into();
         first_line["peers"] = cfg.peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().into();
         println!("{first_line}");
-        let (items_tx, items_rx) = mpsc::channel(INGEST_QUEUE_ITEMS);
         let server = tokio::spawn(crate::net::server::run_server_with_turns(
             endpoint.clone(),
             net_cfg,
             Arc::new(NodeDecoder),
-            items_tx,
+            serve::InboundSink(shared.clone()),
             shutdown_rx.clone(),
             origin_turns,
         ));
@@ -164,14 +163,12 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
             Arc::new(serve::Status(shared.clone())),
             shutdown_rx.clone(),
         ));
-        let dispatcher = tokio::spawn(serve::dispatch_inbound(shared.clone(), items_rx));
         let dialer = crate::net::Dialer::new(&endpoint);
         let peer_task = tokio::spawn(peers::run_peers(shared.clone(), dialer, gossip_rx, shutdown_rx.clone()));
         wait_for_signal().await;
         eprintln!("dagfold: shutting down: draining the pipeline");
         let _ = shutdown_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-        dispatcher.abort();
         peer_task.abort();
         let _ = tokio::time::timeout(Duration::from_secs(2), admin).await;
         crate::net::close_endpoint(&endpoint);
