@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dagfold::core::projection::Projection;
 use dagfold::core::{authorize_at, decode_frame, Cf, Config, Decoded, Engine, Identity, Write};
-use dagfold::durable::Durable;
+use dagfold::durable::InlineDriver;
 use dagfold::protocol::crypto::{open_payload, sha256, sha256_tag_pair};
 use dagfold::protocol::sha_lanes::sha256_tag_pairs;
 use dagfold::protocol::*;
@@ -206,7 +206,7 @@ fn engine_on_rocksdb(c: &mut Criterion) {
                     let mut store = RocksStore::open(dir.path()).unwrap();
                     let id = node();
                     store.write(&[Write::Put(Cf::Meta, dagfold::core::META_IDENTITY.to_vec(), id.encode())], true).unwrap();
-                    let mut d = Durable::open(store, Config::default(), 0).unwrap();
+                    let mut d = InlineDriver::open(store, Config::default(), 0).unwrap();
                     let t = Instant::now();
                     for chunk in frames.chunks(256) {
                         d.handle_frames(chunk, 0).unwrap();

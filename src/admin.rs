@@ -259,12 +259,7 @@ fn route(path: &str, source: &dyn StatusSource) -> Response {
 
 /// A scope id: exactly 64 hex characters, either case.
 fn parse_scope(hex_id: &str) -> Option<[u8; 32]> {
-    let mut scope = [0u8; 32];
-    if hex_id.len() != 64 {
-        return None;
-    }
-    hex::decode_to_slice(hex_id, &mut scope).ok()?;
-    Some(scope)
+    crate::protocol::parse_hash_hex(hex_id)
 }
 
 struct Response {

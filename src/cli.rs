@@ -7,19 +7,18 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::core::{Config, Engine, Outcome, Reason, Stats};
-use crate::durable::{Durable, FrameItem, FrameReader};
+use crate::durable::{FileFrames, FrameItem, InlineDriver};
 use crate::store::rocks::RocksStore;
 
 
-pub fn open(data_dir: &Path, cfg: Config) -> anyhow_like::Result<Durable<RocksStore>> {
+pub fn open(data_dir: &Path, cfg: Config) -> anyhow_like::Result<InlineDriver<RocksStore>> {
     let store = RocksStore::open(data_dir)
         .map_err(|e| anyhow_like::Error(format!("cannot open the store at {}: {e}", data_dir.display())))?;
-    Durable::open(store, cfg, now_ms()).map_err(|e| anyhow_like::Error(format!("cannot open the node state: {e}")))
+    InlineDriver::open(store, cfg, now_ms()).map_err(|e| anyhow_like::Error(format!("cannot open the node state: {e}")))
 }
 
 pub fn identity_json(engine: &Engine) -> serde_json::Value {
-    let id = engine.identity();
-    json!({ "public_key": hex::encode(id.public_key), "kem_public_key": hex::encode(id.kem_public) })
+    crate::node::identity_json(engine.identity())
 }
 
 /// Frames handled per commit during import: large enough to amortize the
@@ -84,7 +83,7 @@ pub fn import(data_dir: &Path, file: &str, batch_frames: usize, cfg: Config) -> 
             std::fs::File::open(file).map_err(|e| anyhow_like::Error(format!("cannot read {file}: {e}")))?,
         ))
     };
-    let mut reader = FrameReader::new(input);
+    let mut reader = FileFrames::new(input);
     let before = node.engine.stats.clone();
     let mut counts = OutcomeCounts::default();
     let mut batch: Vec<Vec<u8>> = Vec::with_capacity(batch_frames);
@@ -130,9 +129,7 @@ pub fn inspect(data_dir: &Path, scope: Option<&str>, cfg: Config) -> anyhow_like
     let mut node = open(data_dir, cfg)?;
     match scope {
         Some(hex_scope) => {
-            let id: [u8; 32] = hex::decode(hex_scope)
-                .ok()
-                .and_then(|v| v.try_into().ok())
+            let id = crate::protocol::parse_hash_hex(hex_scope)
                 .ok_or_else(|| anyhow_like::Error(format!("--scope takes 64 hex characters, got {hex_scope:?}")))?;
             node.engine
                 .status(&id)

@@ -6,14 +6,16 @@ use crate::core::{Config, Decoded, Engine, EventOut, Outcome, VerifiedOp};
 use crate::protocol::sig;
 use crate::store::{load_or_create_identity, Store, StoreError};
 
-pub struct Durable<S: Store> {
+/// The engine driven inline, on the caller's thread (the node's pipeline
+/// drives the same engine from its stage threads).
+pub struct InlineDriver<S: Store> {
     pub engine: Engine,
     pub store: S,
     /// Sync the WAL on every commit (the durable default).
     pub sync: bool,
 }
 
-impl<S: Store> Durable<S> {
+impl<S: Store> InlineDriver<S> {
     /// Opens the store, creating the identity on first use, and rebuilds the
     /// engine from it.
     pub fn open(mut store: S, cfg: Config, now_ms: u64) -> Result<Self, StoreError> {
@@ -25,7 +27,7 @@ impl<S: Store> Durable<S> {
             store.write(&commit.writes, true)?;
         }
         engine.note_durable(commit.number);
-        Ok(Durable { engine, store, sync: true })
+        Ok(InlineDriver { engine, store, sync: true })
     }
 
     /// Handles frames in order (signatures verified as one batch) and
@@ -75,8 +77,9 @@ impl<S: Store> Durable<S> {
     }
 }
 
-/// Splits a byte stream of frames (`u32` LE length, then content).
-pub struct FrameReader<R> {
+/// Splits a byte stream of frames (`u32` LE length, then content) read from
+/// a file or stdin (the QUIC side is `net::StreamFrames`).
+pub struct FileFrames<R> {
     inner: R,
     offset: u64,
 }
@@ -96,9 +99,9 @@ pub enum FrameItem {
     Oversized { offset: u64, len: u32 },
 }
 
-impl<R: std::io::Read> FrameReader<R> {
+impl<R: std::io::Read> FileFrames<R> {
     pub fn new(inner: R) -> Self {
-        FrameReader { inner, offset: 0 }
+        FileFrames { inner, offset: 0 }
     }
 
     pub fn offset(&self) -> u64 {

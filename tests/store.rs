@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use dagfold::core::{Cf, Config, Engine, TableScan};
-use dagfold::durable::Durable;
+use dagfold::durable::InlineDriver;
 use dagfold::protocol::codec::decode_op;
 use dagfold::protocol::{Hash, PLANE_DATA};
 use dagfold::store::memory::MemStore;
@@ -38,7 +38,7 @@ fn reopen_and_continue_equals_never_closed() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = RocksStore::open(dir.path()).unwrap();
         seed_identity(&mut store, &scn);
-        let mut node = Durable::open(store, Config::default(), 0).unwrap();
+        let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
         let third = msgs.len() / 3;
         let mut events = Vec::new();
         for chunk in msgs[..third].chunks(7) {
@@ -47,13 +47,13 @@ fn reopen_and_continue_equals_never_closed() {
         drop(node);
         // Data ops waiting in memory for a key are lost on close (SPEC §6
         // step 4): redelivery, as gossip and sync would do, brings them back.
-        let mut node = Durable::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
+        let mut node = InlineDriver::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
         events.extend(node.handle_frames(&msgs[..third], 0).unwrap().1);
         for chunk in msgs[third..2 * third].chunks(5) {
             events.extend(node.handle_frames(chunk, 0).unwrap().1);
         }
         drop(node);
-        let mut node = Durable::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
+        let mut node = InlineDriver::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
         events.extend(node.handle_frames(&msgs[..2 * third], 0).unwrap().1);
         for chunk in msgs[2 * third..].chunks(3) {
             events.extend(node.handle_frames(chunk, 0).unwrap().1);
@@ -76,7 +76,7 @@ fn a_failed_write_refuses_everything_after() {
     let msgs = messages(&scn);
     let mut store = MemStore::new();
     seed_identity(&mut store, &scn);
-    let mut node = Durable::open(store, Config::default(), 0).unwrap();
+    let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
     node.handle_frames(&msgs[..2], 0).unwrap();
     node.store.fail_after_writes = Some(0);
     assert!(matches!(node.handle_frames(&msgs[2..4], 0), Err(StoreError::Injected(_))));
@@ -90,7 +90,7 @@ fn a_failed_write_refuses_everything_after() {
     for cf in Cf::ALL {
         disk.scan(cf, &mut |k, v| fresh.write(&[dagfold::core::Write::Put(cf, k.to_vec(), v.to_vec())], false).unwrap());
     }
-    let reopened = Durable::open(fresh, Config::default(), 0).unwrap();
+    let reopened = InlineDriver::open(fresh, Config::default(), 0).unwrap();
     assert_eq!(reopened.engine.applied_total(), 1, "only the genesis was durable");
 }
 
@@ -145,7 +145,7 @@ fn check_store_consistent(dir: &std::path::Path, scn: &serde_json::Value) -> u64
     }
     let identity = node_identity(scn);
     let mut fresh = fresh_fold_of_store(&store, identity.clone());
-    let mut reopened = Durable::open(store, Config::default(), 0).unwrap();
+    let mut reopened = InlineDriver::open(store, Config::default(), 0).unwrap();
     assert_eq!(reopened.engine.identity().public_key, identity.public_key);
     for scope in fresh.scope_ids() {
         let a = fresh.report(&scope).unwrap();
@@ -215,7 +215,7 @@ fn sigkill_during_import_leaves_a_consistent_store() {
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let mut node = Durable::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
+        let mut node = InlineDriver::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
         check_scopes("24_shuffled_large after crash", &mut node.engine, &scn, true);
     }
 }
@@ -287,7 +287,7 @@ fn buffer_records_within_one_commit_cancel_out() {
     let msgs = messages(&scn);
     let mut store = MemStore::new();
     seed_identity(&mut store, &scn);
-    let mut node = Durable::open(store, Config::default(), 0).unwrap();
+    let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
     let half = msgs.len() / 2;
     node.handle_frames(&msgs[..half], 0).unwrap();
     let pending_on_disk = node.store.table(Cf::Pending).map(|t| t.len()).unwrap_or(0);
@@ -300,7 +300,7 @@ fn buffer_records_within_one_commit_cancel_out() {
     // All in one commit: no pending record is ever written.
     let mut store = MemStore::new();
     seed_identity(&mut store, &scn);
-    let mut node = Durable::open(store, Config::default(), 0).unwrap();
+    let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
     node.handle_frames(&msgs, 0).unwrap();
     assert!(node.store.table(Cf::Pending).is_none_or(|t| t.is_empty()));
     check_scopes("02 in one commit", &mut node.engine, &scn, true);
@@ -319,7 +319,7 @@ fn event_log_reads_from_any_sequence_number() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = RocksStore::open(dir.path()).unwrap();
     store.write(&[dagfold::core::Write::Put(Cf::Meta, dagfold::core::META_IDENTITY.to_vec(), id.encode())], true).unwrap();
-    let mut node = Durable::open(store, Config::default(), 0).unwrap();
+    let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
     let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
     let mut all = Vec::new();
     for (i, chunk) in frames.chunks(7).enumerate() {
@@ -357,7 +357,7 @@ fn the_cold_index_answers_for_ops_that_left_memory() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = RocksStore::open(dir.path()).unwrap();
     store.write(&[dagfold::core::Write::Put(Cf::Meta, dagfold::core::META_IDENTITY.to_vec(), id.encode())], true).unwrap();
-    let mut node = Durable::open(store, cfg.clone(), 0).unwrap();
+    let mut node = InlineDriver::open(store, cfg.clone(), 0).unwrap();
     let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
     for chunk in frames.chunks(20) {
         node.handle_frames(chunk, 0).unwrap();
@@ -398,7 +398,7 @@ fn the_cold_index_answers_for_ops_that_left_memory() {
         }
         assert!(node.engine.stats.cold_hits > 0);
         drop(node);
-        node = Durable::open(RocksStore::open(dir.path()).unwrap(), cfg.clone(), 0).unwrap();
+        node = InlineDriver::open(RocksStore::open(dir.path()).unwrap(), cfg.clone(), 0).unwrap();
         // In memory: the remembered drops only (one per round so far).
         assert_eq!(node.engine.index_sizes().0, round as usize + 1, "reopened with nothing applied in memory");
         assert_eq!(node.engine.applied_total(), applied + 1);
@@ -416,7 +416,7 @@ fn a_cascade_committed_in_parts_survives_a_crash_between_them() {
     let msgs = messages(&scn);
     let mut store = MemStore::new();
     seed_identity(&mut store, &scn);
-    let mut node = Durable::open(store, Config::default(), 0).unwrap();
+    let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
     node.engine.set_cascade_budget(3);
     node.handle_frames(&msgs, 0).unwrap();
     let mut parts = 1;
@@ -437,7 +437,7 @@ fn a_cascade_committed_in_parts_survives_a_crash_between_them() {
         });
         assert!(ready > 0, "part {parts}: the rest of the cascade is on disk, ready");
         // A crash here: reopening judges the rest and gives the final state.
-        let mut reopened = Durable::open(node.store.clone(), Config::default(), 0).unwrap();
+        let mut reopened = InlineDriver::open(node.store.clone(), Config::default(), 0).unwrap();
         assert!(!reopened.engine.cascade_remaining());
         check_scopes(&format!("02 reopened after part {parts}"), &mut reopened.engine, &scn, true);
         crashed_between += 1;

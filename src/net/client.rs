@@ -1,5 +1,6 @@
 //! The dialing side: how a node (or a tool, or a test) reaches a peer and
-//! writes frames to it.
+//! writes frames to it. The node's peer links use [`Dialer`] and [`Link`],
+//! so that they never touch a QUIC type themselves.
 //!
 //! Every wait here is bounded by the connection: the handshake and a silent
 //! peer by the idle timeout, a peer that does not read by flow control (the
@@ -63,6 +64,49 @@ pub async fn connect(endpoint: &Endpoint, addr: SocketAddr) -> Result<Connection
     Ok(endpoint.connect(addr, SERVER_NAME)?.await?)
 }
 
+/// Dials configured peers from the node's endpoint (the one `make_endpoint`
+/// made, which also serves, so a peer sees our connections come from the
+/// address we listen on).
+#[derive(Clone, Debug)]
+pub struct Dialer {
+    endpoint: Endpoint,
+}
+
+impl Dialer {
+    pub fn new(endpoint: &Endpoint) -> Dialer {
+        Dialer { endpoint: endpoint.clone() }
+    }
+
+    /// Connects to the node at `addr` (see [`connect`]).
+    pub async fn dial(&self, addr: SocketAddr) -> Result<Link, ConnectError> {
+        Ok(Link { conn: connect(&self.endpoint, addr).await? })
+    }
+}
+
+/// A connection to a peer node: streams of frames to it, and its end.
+#[derive(Debug)]
+pub struct Link {
+    conn: Connection,
+}
+
+impl Link {
+    /// Opens a unidirectional stream to write frames on.
+    pub async fn open_uni(&self) -> Result<FrameWriter, ConnectionError> {
+        Ok(FrameWriter { send: self.conn.open_uni().await? })
+    }
+
+    /// Opens a bidirectional stream (see [`open_bi`]).
+    pub async fn open_bi(&self) -> Result<(FrameWriter, StreamFrames), ConnectionError> {
+        open_bi(&self.conn).await
+    }
+
+    /// Completes once the connection is closed, by either side or by its
+    /// idle timeout.
+    pub async fn closed(&self) {
+        self.conn.closed().await;
+    }
+}
+
 /// Opens a unidirectional stream, writes `frames` on it, finishes it, and
 /// waits until the peer has acknowledged all of it (received, not
 /// necessarily processed), so the caller may close the connection after.
@@ -86,9 +130,9 @@ where
 /// Opens a bidirectional stream: frames written on the writer reach the
 /// peer's decoder; the peer's replies come out of the reader. The peer sees
 /// the stream only once the first frame is written.
-pub async fn open_bi(conn: &Connection) -> Result<(FrameWriter, FrameReader), ConnectionError> {
+pub async fn open_bi(conn: &Connection) -> Result<(FrameWriter, StreamFrames), ConnectionError> {
     let (send, recv) = conn.open_bi().await?;
-    Ok((FrameWriter { send }, FrameReader { recv, max_len: FRAME_CONTENT_BYTES_MAX }))
+    Ok((FrameWriter { send }, StreamFrames { recv, max_len: FRAME_CONTENT_BYTES_MAX }))
 }
 
 /// Writes frames on one stream.
@@ -114,14 +158,15 @@ impl FrameWriter {
     }
 }
 
-/// Reads frames from one stream, up to the SPEC frame limit.
+/// Reads frames from one QUIC stream, up to the SPEC frame limit (frames
+/// from a file are `durable::FileFrames`).
 #[derive(Debug)]
-pub struct FrameReader {
+pub struct StreamFrames {
     recv: RecvStream,
     max_len: u32,
 }
 
-impl FrameReader {
+impl StreamFrames {
     /// The next frame, or `None` once the peer finished the stream.
     pub async fn read(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
         read_frame(&mut self.recv, self.max_len).await

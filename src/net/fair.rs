@@ -1,8 +1,8 @@
 //! Fair ingest: decoded items wait in one queue per *origin* (a remote IPv4
 //! address, or an IPv6 /64), and one dispatcher hands them to the node's
-//! channel round-robin, [`TURN_ITEMS`] per origin per turn.
+//! [`ItemSink`] round-robin, [`TURN_ITEMS`] per origin per turn.
 //!
-//! Without it the node's channel is first come, first served per stream: a
+//! Without it the node's ingest is first come, first served per stream: a
 //! flooder with eight streams gets eight times the share of an honest peer
 //! with one. With it, every origin that has work waiting gets an equal turn,
 //! whatever its number of connections and streams; within an origin, items
@@ -18,8 +18,8 @@
 //!
 //! Memory: every queued item holds its frame's reservation of the byte
 //! budgets (its origin's and the global one), so the queues are bounded by bytes,
-//! not by trust in the sender; the reservation is released when the item
-//! enters the node's channel.
+//! not by trust in the sender; the reservation is released once the node's
+//! sink has taken the item.
 //!
 //! Admission, also per origin ([`Admission`]): at most
 //! `connections_per_origin_max` connections open at once, and new
@@ -32,6 +32,7 @@
 //! host can do, not what a botnet can.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -172,9 +173,27 @@ pub(crate) struct Fair<T> {
     turns: Arc<OriginTurns>,
 }
 
-/// The node's channel is gone: it takes nothing more.
+/// The node's ingest is gone: it takes nothing more.
 #[derive(Debug)]
-pub(crate) struct Closed;
+pub struct IngestClosed;
+
+/// Where the dispatcher hands items, one at a time, in the fair order: the
+/// node's ingest. While `deliver` waits (the node is full), the dispatcher
+/// holds the items' byte reservations, so the budgets fill, the stream tasks
+/// stop reading and QUIC flow control pushes back on the peers.
+pub trait ItemSink<T>: Send + Sync + 'static {
+    /// Takes one item, waiting while the node is full; `Err` once the node
+    /// takes nothing more.
+    fn deliver(&self, item: T) -> impl Future<Output = Result<(), IngestClosed>> + Send;
+}
+
+/// A bounded channel as the sink (the transport's tests): whoever
+/// holds the receiver is the node.
+impl<T: Send + 'static> ItemSink<T> for mpsc::Sender<T> {
+    async fn deliver(&self, item: T) -> Result<(), IngestClosed> {
+        self.send(item).await.map_err(|_| IngestClosed)
+    }
+}
 
 impl<T: Send + 'static> Fair<T> {
     pub fn new(origin_bytes_max: usize, turns: Arc<OriginTurns>) -> Fair<T> {
@@ -214,9 +233,9 @@ impl<T: Send + 'static> Fair<T> {
     }
 
     /// Queues `held` on `lane`, scheduling the lane if it was idle.
-    pub fn push(&self, lane: &Arc<Lane<T>>, held: Held<T>) -> Result<(), Closed> {
+    pub fn push(&self, lane: &Arc<Lane<T>>, held: Held<T>) -> Result<(), IngestClosed> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(Closed);
+            return Err(IngestClosed);
         }
         let mut q = lane.queue.lock().unwrap();
         q.items.push_back(held);
@@ -231,7 +250,7 @@ impl<T: Send + 'static> Fair<T> {
 
     /// Hands queued items to `out`, one turn per ready origin in rotation,
     /// until `out` closes. Run by exactly one task.
-    pub async fn dispatch(&self, out: mpsc::Sender<T>) {
+    pub async fn dispatch(&self, out: impl ItemSink<T>) {
         let mut turn = Vec::with_capacity(TURN_ITEMS);
         loop {
             let lane = loop {
@@ -254,7 +273,7 @@ impl<T: Send + 'static> Fair<T> {
                 self.ready.lock().unwrap().push_back(lane);
             }
             for Held { item, permits } in turn.drain(..) {
-                if out.send(item).await.is_err() {
+                if out.deliver(item).await.is_err() {
                     self.close();
                     return;
                 }

@@ -8,8 +8,8 @@
 //!
 //! Memory stays bounded end to end: QUIC flow control bounds what a peer may
 //! have in flight (stream and connection receive windows), a byte budget
-//! bounds frames held between the socket and the node's channel, and the
-//! node's bounded channel bounds the rest. When the node falls behind, stream
+//! bounds frames held between the socket and the node's sink, and the
+//! node's bounded ingest bounds the rest. When the node falls behind, stream
 //! tasks stop reading and the peers' writes block (see `server`).
 
 pub mod client;
@@ -34,7 +34,8 @@ pub mod codes {
     pub const ERR_TIMEOUT: u32 = 3;
 }
 
-pub use client::{client_endpoint, connect, open_bi, send_frames_uni, FrameReader, FrameWriter};
+pub use client::{client_endpoint, connect, open_bi, send_frames_uni, Dialer, FrameWriter, Link, StreamFrames};
 pub use codes::{ERR_MALFORMED, ERR_NONE, ERR_SHUTDOWN, ERR_TIMEOUT};
 pub use frame::{read_frame, write_frame, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
-pub use server::{make_endpoint, run_server, FrameDecoder, Inbound, Reply, ServerConfig};
+pub use fair::{IngestClosed, ItemSink};
+pub use server::{close_endpoint, make_endpoint, run_server, FrameDecoder, Inbound, Reply, ServerConfig};

@@ -1,23 +1,23 @@
 //! The accept side of the QUIC transport: connections, streams, frames, and
-//! the hand-off of decoded items to the node through one bounded channel,
-//! fed fairly from one queue per origin (`fair`).
+//! the hand-off of decoded items to the node through its [`ItemSink`] (the
+//! node's bounded ingest), fed fairly from one queue per origin (`fair`).
 //!
 //! Tasks: one accept loop; one task per connection; one task per stream that
 //! reads, decodes and queues frames on its origin's lane; one dispatcher that
-//! hands the lanes' items to the node's channel in turn; one writer task per
+//! hands the lanes' items to the node's sink in turn; one writer task per
 //! bidirectional stream that drains its [`Reply`] queue. Decoding runs in the
 //! stream task, so its cost spreads over the tokio workers.
 //!
 //! Backpressure: a stream task reserves each frame's bytes (its origin's
 //! share, then the global budget) before reading it, and the reservation is
-//! held until the dispatcher has put the item into the node's channel. While
-//! the channel is full the budgets fill, stream tasks stop reading, quinn
+//! held until the node's sink has taken the item. While the node is full the
+//! sink waits, the budgets fill, stream tasks stop reading, quinn
 //! stops extending flow-control credit, and the peers' writes block. What the
 //! node holds is therefore bounded by (see [`ServerConfig`]):
 //! - quinn's buffers: `connections_max × connection_receive_window_bytes`;
-//! - frames between quinn and the channel, queued ones included:
+//! - frames between quinn and the sink, queued ones included:
 //!   `frames_buffered_bytes_max`, of which one origin `origin_frames_buffered_bytes_max`;
-//! - the channel: its capacity, the node's choice.
+//! - past the sink: the node's choice (its ingest queue's capacity).
 //!
 //! A peer's fault (a frame over the limit, a truncated frame, a frame that
 //! does not decode) stops that stream with [`ERR_MALFORMED`] and is counted;
@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 
 use super::codes::{ERR_MALFORMED, ERR_SHUTDOWN, ERR_TIMEOUT};
-use super::fair::{origin_of, Admission, Fair, Held, Lane, OriginSlot, OriginTurns, Refusal};
+use super::fair::{origin_of, Admission, Fair, Held, ItemSink, Lane, OriginSlot, OriginTurns, Refusal};
 use super::frame::{write_frame, FrameError, StreamBuf, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES};
 use super::tls::{self, TlsError};
 
@@ -50,7 +50,7 @@ pub const REPLY_FRAMES_QUEUED_MAX: usize = 8;
 /// How long one reply frame may take to be accepted by quinn (i.e. for the
 /// peer to extend flow-control credit). A peer that does not read its replies
 /// for this long has its stream reset with [`ERR_TIMEOUT`], which wakes every
-/// waiting `Reply::send` with `Closed`: this is what bounds `send`.
+/// waiting `Reply::send` with [`ReplyClosed`]: this is what bounds `send`.
 pub const REPLY_FRAME_WRITE_TIMEOUT_MS: u32 = 10_000;
 
 /// How long shutdown waits for peers to acknowledge the connection close, so
@@ -94,9 +94,9 @@ pub struct ServerConfig {
     /// this, so it takes two lost in a row to drop a live peer, while a dead
     /// one is reclaimed within half a minute.
     pub idle_timeout_ms: u32,
-    /// Bytes of frames held between quinn and the node's channel, all
+    /// Bytes of frames held between quinn and the node's sink, all
     /// streams together: a frame's length is reserved before it is allocated
-    /// and released once its item is in the channel. Without it, every
+    /// and released once the sink has taken its item. Without it, every
     /// stream could hold a frame of up to 1 MiB (16k streams: 16 GiB).
     /// Default 64 MiB: ≈ 220k ops of 300 bytes, over 2 s of work at the
     /// verify ceiling, enough to keep the pipeline fed. At least
@@ -339,11 +339,11 @@ pub struct Reply {
 /// or the writer timed out). Holds the frame that was not sent.
 #[derive(thiserror::Error)]
 #[error("reply stream closed")]
-pub struct Closed(pub Vec<u8>);
+pub struct ReplyClosed(pub Vec<u8>);
 
-impl fmt::Debug for Closed {
+impl fmt::Debug for ReplyClosed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Closed({} bytes)", self.0.len())
+        write!(f, "ReplyClosed({} bytes)", self.0.len())
     }
 }
 
@@ -378,9 +378,9 @@ impl Reply {
     ///
     /// Panics if the content is over the SPEC frame limit: the node's own
     /// frames are built within it, so that is a programmer's error.
-    pub async fn send(&self, frame: Vec<u8>) -> Result<(), Closed> {
+    pub async fn send(&self, frame: Vec<u8>) -> Result<(), ReplyClosed> {
         assert_frame_len(&frame);
-        self.frames.send(frame).await.map_err(|e| Closed(e.0))
+        self.frames.send(frame).await.map_err(|e| ReplyClosed(e.0))
     }
 
     /// Queues one frame's content if there is room, at once.
@@ -486,19 +486,19 @@ fn describe_metrics() {
 }
 
 /// What every stream task needs.
-struct Shared<D: FrameDecoder> {
+struct ServerShared<D: FrameDecoder> {
     decoder: Arc<D>,
     /// Decoded items wait here, one queue per origin, for the dispatcher.
     fair: Fair<Inbound<D::Item>>,
     /// Permits are bytes of frames held between quinn and the node's
-    /// channel, all origins together (each frame charged its length plus
+    /// sink, all origins together (each frame charged its length plus
     /// [`FRAME_CHARGE_OVERHEAD_BYTES`]).
     frame_bytes_budget: Arc<Semaphore>,
     frame_bytes_max: u32,
     frame_receive_timeout: Duration,
 }
 
-/// Accepts connections and streams on `endpoint` and sends each decoded
+/// Accepts connections and streams on `endpoint` and hands each decoded
 /// frame to `items`, each origin in turn (see [`super::fair`]), until
 /// `shutdown` turns true (or its sender drops, or the endpoint closes). Then
 /// closes the endpoint with [`ERR_SHUTDOWN`], waits up to
@@ -510,7 +510,7 @@ pub async fn run_server<D: FrameDecoder>(
     endpoint: Endpoint,
     cfg: ServerConfig,
     decoder: Arc<D>,
-    items: mpsc::Sender<Inbound<D::Item>>,
+    items: impl ItemSink<Inbound<D::Item>>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ConfigError> {
     run_server_with_turns(endpoint, cfg, decoder, items, shutdown, Default::default()).await
@@ -522,14 +522,14 @@ pub async fn run_server_with_turns<D: FrameDecoder>(
     endpoint: Endpoint,
     cfg: ServerConfig,
     decoder: Arc<D>,
-    items: mpsc::Sender<Inbound<D::Item>>,
+    items: impl ItemSink<Inbound<D::Item>>,
     mut shutdown: watch::Receiver<bool>,
     turns: Arc<OriginTurns>,
 ) -> Result<(), ConfigError> {
     cfg.validate()?;
     describe_metrics();
     // All validated to fit a semaphore.
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(ServerShared {
         decoder,
         fair: Fair::new(cfg.origin_frames_buffered_bytes_max as usize, turns),
         frame_bytes_budget: Arc::new(Semaphore::new(cfg.frames_buffered_bytes_max as usize)),
@@ -588,13 +588,19 @@ pub async fn run_server_with_turns<D: FrameDecoder>(
         connections.spawn(serve_connection(incoming, conn_id, slot, lane, shared.clone()));
     }
 
-    endpoint.close(VarInt::from_u32(ERR_SHUTDOWN), b"shutdown");
+    close_endpoint(&endpoint);
     let drain = Duration::from_millis(u64::from(SHUTDOWN_DRAIN_MS));
     let _ = tokio::time::timeout(drain, endpoint.wait_idle()).await;
     connections.shutdown().await;
     dispatcher.abort();
     shared.fair.close();
     Ok(())
+}
+
+/// Closes every connection of `endpoint` with [`ERR_SHUTDOWN`] and refuses
+/// new ones.
+pub fn close_endpoint(endpoint: &Endpoint) {
+    endpoint.close(VarInt::from_u32(ERR_SHUTDOWN), b"shutdown");
 }
 
 /// One unit of `connections_max` and of the origin's open connections, held
@@ -635,7 +641,7 @@ struct ConnectionCtx<D: FrameDecoder> {
     conn_id: u64,
     remote: SocketAddr,
     lane: Arc<Lane<Inbound<D::Item>>>,
-    shared: Arc<Shared<D>>,
+    shared: Arc<ServerShared<D>>,
 }
 
 async fn serve_connection<D: FrameDecoder>(
@@ -643,7 +649,7 @@ async fn serve_connection<D: FrameDecoder>(
     conn_id: u64,
     slot: ConnectionSlot,
     lane: Arc<Lane<Inbound<D::Item>>>,
-    shared: Arc<Shared<D>>,
+    shared: Arc<ServerShared<D>>,
 ) {
     let _slot = slot;
     // The handshake is bounded by the idle timeout, which quinn applies from
@@ -756,7 +762,7 @@ async fn read_stream<D: FrameDecoder>(mut recv: RecvStream, reply: Option<Reply>
         // The reservation stays held while queued: the item is (about) the
         // frame's size, and the queue is exactly where memory would pile up.
         if shared.fair.push(&ctx.lane, Held { item: inbound, permits }).is_err() {
-            // The node dropped its receiver: it takes nothing more.
+            // The node's ingest is gone: it takes nothing more.
             let _ = recv.stop(VarInt::from_u32(ERR_SHUTDOWN));
             return;
         }

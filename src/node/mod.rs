@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use config::NodeConfig;
 
-use crate::core::{Config, Decoded, Engine};
+use crate::core::{Config, Decoded, Engine, Identity};
 use crate::node::hub::Hub;
 use crate::pipeline::{Pipeline, Work};
 use crate::protocol::node::NodeMessage;
@@ -136,11 +136,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     pipe_cfg.host_outcomes = Some(Arc::new(HostTurns(origin_turns.clone())));
     let pipe = Pipeline::start(pipe_cfg, engine, store, ingest_rx, on_durable);
     let shared = Arc::new(NodeShared {
-        identity_json: serde_json::json!({
-            "public_key": hex::encode(identity.public_key),
-            "kem_public_key": hex::encode(identity.kem_public),
-        })
-        .to_string(),
+        identity_json: identity_json(&identity).to_string(),
         pipeline: pipe.shared.clone(),
         hub,
         reader,
@@ -158,24 +154,18 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         let listen = endpoint.local_addr()?;
         let admin_listener = tokio::net::TcpListener::bind(cfg.admin).await?;
         let admin_addr = admin_listener.local_addr()?;
-        println!(
-            "{}",
-            serde_json::json!({
-                "public_key": hex::encode(identity.public_key),
-                "kem_public_key": hex::encode(identity.kem_public),
-                "listen": listen.to_string(),
-                "admin": admin_addr.to_string(),
-                "data_dir": cfg.data_dir.display().to_string(),
-                "restored_ms": restored_ms as u64,
-                "peers": cfg.peers.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-            })
-        );
-        let (items_tx, items_rx) = mpsc::channel(INGEST_QUEUE_ITEMS);
+        let mut first_line = identity_json(&identity);
+        first_line["listen"] = listen.to_string().into();
+        first_line["admin"] = admin_addr.to_string().into();
+        first_line["data_dir"] = cfg.data_dir.display().to_string().into();
+        first_line["restored_ms"] = (restored_ms as u64).into();
+        first_line["peers"] = cfg.peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().into();
+        println!("{first_line}");
         let server = tokio::spawn(crate::net::server::run_server_with_turns(
             endpoint.clone(),
             net_cfg,
             Arc::new(NodeDecoder),
-            items_tx,
+            serve::InboundSink(shared.clone()),
             shutdown_rx.clone(),
             origin_turns,
         ));
@@ -184,16 +174,15 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
             Arc::new(serve::Status(shared.clone())),
             shutdown_rx.clone(),
         ));
-        let dispatcher = tokio::spawn(serve::dispatch_inbound(shared.clone(), items_rx));
-        let peer_task = tokio::spawn(peers::run_peers(shared.clone(), endpoint.clone(), gossip_rx, shutdown_rx.clone()));
+        let dialer = crate::net::Dialer::new(&endpoint);
+        let peer_task = tokio::spawn(peers::run_peers(shared.clone(), dialer, gossip_rx, shutdown_rx.clone()));
         wait_for_signal().await;
         eprintln!("dagfold: shutting down: draining the pipeline");
         let _ = shutdown_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-        dispatcher.abort();
         peer_task.abort();
         let _ = tokio::time::timeout(Duration::from_secs(2), admin).await;
-        endpoint.close(crate::net::ERR_SHUTDOWN.into(), b"shutdown");
+        crate::net::close_endpoint(&endpoint);
         Ok(())
     });
     // Dropping the last ingest senders lets the pipeline drain and stop.
@@ -202,6 +191,12 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     pipe.join();
     eprintln!("dagfold: stopped");
     result
+}
+
+/// The node's identity as `dagfold identity`, `GET /v1/identity` and the
+/// node's first line of output show it.
+pub fn identity_json(id: &Identity) -> serde_json::Value {
+    serde_json::json!({ "public_key": hex::encode(id.public_key), "kem_public_key": hex::encode(id.kem_public) })
 }
 
 async fn wait_for_signal() {

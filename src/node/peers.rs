@@ -12,11 +12,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::{Connection, Endpoint};
 use tokio::sync::{mpsc, watch};
 
 use super::NodeShared;
-use crate::net::frame::write_frame;
+use crate::net::{Dialer, Link};
 use crate::pipeline::Work;
 use crate::protocol::node::*;
 use crate::protocol::{Hash, ZERO};
@@ -41,7 +40,7 @@ pub struct Gossip {
 
 pub async fn run_peers(
     shared: Arc<NodeShared>,
-    endpoint: Endpoint,
+    dialer: Dialer,
     mut gossip: mpsc::Receiver<Gossip>,
     shutdown: watch::Receiver<bool>,
 ) {
@@ -49,7 +48,7 @@ pub async fn run_peers(
     for (i, addr) in shared.peers.clone().into_iter().enumerate() {
         let (tx, rx) = mpsc::channel::<Vec<u8>>(GOSSIP_QUEUE_OPS);
         queues.push(tx);
-        tokio::spawn(peer_task(i as u64 + 1, addr, rx, shared.clone(), endpoint.clone(), shutdown.clone()));
+        tokio::spawn(peer_task(i as u64 + 1, addr, rx, shared.clone(), dialer.clone(), shutdown.clone()));
     }
     while let Some(g) = gossip.recv().await {
         if g.bytes.is_empty() {
@@ -91,12 +90,12 @@ async fn peer_task(
     addr: SocketAddr,
     mut queue: mpsc::Receiver<Vec<u8>>,
     shared: Arc<NodeShared>,
-    endpoint: Endpoint,
+    dialer: Dialer,
     shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = REDIAL_MS_MIN;
     while !*shutdown.borrow() {
-        let conn = match crate::net::connect(&endpoint, addr).await {
+        let link = match dialer.dial(addr).await {
             Ok(c) => c,
             Err(e) => {
                 metrics::counter!("dagfold_peer_dial_failures_total").increment(1);
@@ -110,7 +109,7 @@ async fn peer_task(
         };
         backoff = REDIAL_MS_MIN;
         metrics::gauge!("dagfold_peers_connected").increment(1.0);
-        let _ = serve_link(origin, addr, &conn, &mut queue, &shared).await;
+        let _ = serve_link(origin, addr, &link, &mut queue, &shared).await;
         metrics::gauge!("dagfold_peers_connected").decrement(1.0);
         tokio::time::sleep(Duration::from_millis(backoff)).await;
     }
@@ -119,11 +118,11 @@ async fn peer_task(
 async fn serve_link(
     origin: u64,
     addr: SocketAddr,
-    conn: &Connection,
+    link: &Link,
     queue: &mut mpsc::Receiver<Vec<u8>>,
     shared: &Arc<NodeShared>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut send = conn.open_uni().await?;
+    let mut send = link.open_uni().await?;
     let mut beat = tokio::time::interval(Duration::from_millis(shared.cfg.heartbeat_ms));
     let mut sync = tokio::time::interval(Duration::from_millis(SYNC_INTERVAL_MS));
     sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -131,14 +130,14 @@ async fn serve_link(
         tokio::select! {
             frame = queue.recv() => {
                 let Some(frame) = frame else { return Ok(()) };
-                write_frame(&mut send, &frame).await?;
+                send.write(&frame).await?;
             }
             _ = beat.tick() => {
-                write_frame(&mut send, &heartbeat_frame(shared)).await?;
+                send.write(&heartbeat_frame(shared)).await?;
             }
             _ = sync.tick() => {
                 for req in sync_requests(addr, shared) {
-                    let fut = sync_once(origin, conn, req, shared);
+                    let fut = sync_once(origin, link, req, shared);
                     match tokio::time::timeout(Duration::from_millis(SYNC_TIMEOUT_MS), fut).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => return Err(e),
@@ -146,7 +145,7 @@ async fn serve_link(
                     }
                 }
             }
-            _ = conn.closed() => return Ok(()),
+            _ = link.closed() => return Ok(()),
         }
     }
 }
@@ -189,12 +188,12 @@ fn sync_requests(addr: SocketAddr, shared: &NodeShared) -> Vec<SyncRequest> {
 
 async fn sync_once(
     origin: u64,
-    conn: &Connection,
+    link: &Link,
     req: SyncRequest,
     shared: &Arc<NodeShared>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     metrics::counter!("dagfold_sync_requests_sent_total").increment(1);
-    let (mut w, mut r) = crate::net::open_bi(conn).await?;
+    let (mut w, mut r) = link.open_bi().await?;
     w.write(&NodeMessage::SyncRequest(req).encode()).await?;
     let _ = w.finish();
     let mut received = 0u64;

@@ -1,15 +1,15 @@
-//! The node's answers: the status source of the admin server, the inbound
-//! dispatcher (core messages to the pipeline, node messages to their
+//! The node's answers: the status source of the admin server, the sink of
+//! inbound frames (core messages to the pipeline, node messages to their
 //! handlers), the sync server and event subscriptions.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 use super::{Incoming, NodeShared};
 use crate::core::{Cf, Decoded};
-use crate::net::{Inbound, Reply};
+use crate::net::{Inbound, IngestClosed, ItemSink, Reply};
 use crate::pipeline::Work;
 use crate::protocol::codec::decode_op;
 use crate::protocol::node::*;
@@ -49,20 +49,30 @@ pub fn origin_of(shared: &NodeShared, addr: &std::net::SocketAddr) -> u64 {
     shared.peers.iter().position(|p| p == addr).map(|i| i as u64 + 1).unwrap_or(0)
 }
 
-pub async fn dispatch_inbound(shared: Arc<NodeShared>, mut items: mpsc::Receiver<Inbound<Incoming>>) {
-    while let Some(inb) = items.recv().await {
+/// Where the transport hands each decoded frame, from its fair dispatcher
+/// (`net::fair`), one origin's turn after another: ops, keys and heartbeat
+/// heads go straight into the pipeline's ingest channel, node requests to
+/// their handlers.
+///
+/// The fair dispatcher is the one step between the origins' queues and the
+/// pipeline, so it does the relabelling here rather than through a second
+/// queue and task: `INGEST_QUEUE_ITEMS` is the one bounded queue. While it is
+/// full, `deliver` waits, the dispatcher holds the queued frames' byte
+/// reservations, the stream tasks stop reading and QUIC flow control pushes
+/// back on the peers.
+pub struct InboundSink(pub Arc<NodeShared>);
+
+impl ItemSink<Inbound<Incoming>> for InboundSink {
+    async fn deliver(&self, inb: Inbound<Incoming>) -> Result<(), IngestClosed> {
+        let shared = &self.0;
         match inb.item {
             Incoming::Core(Decoded::Op { id, op, bytes }) => {
-                let origin = origin_of(&shared, &inb.remote);
+                let origin = origin_of(shared, &inb.remote);
                 let host = Some(crate::net::fair::origin_of(inb.remote));
-                if shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host }).await.is_err() {
-                    return;
-                }
+                shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host }).await.map_err(|_| IngestClosed)?;
             }
             Incoming::Core(Decoded::Key(kd)) => {
-                if shared.ingest.send(Work::Key(kd)).await.is_err() {
-                    return;
-                }
+                shared.ingest.send(Work::Key(kd)).await.map_err(|_| IngestClosed)?;
             }
             Incoming::Node(NodeMessage::Heartbeat(hb)) => {
                 metrics::counter!("dagfold_heartbeats_received_total").increment(1);
@@ -71,9 +81,7 @@ pub async fn dispatch_inbound(shared: Arc<NodeShared>, mut items: mpsc::Receiver
                 for s in hb.scopes {
                     let heads: Vec<Hash> = s.governance_heads.iter().chain(&s.data_heads).copied().collect();
                     let w = Work::Heads { peer: inb.remote, scope: s.scope, heads, root: s.root };
-                    if shared.ingest.send(w).await.is_err() {
-                        return;
-                    }
+                    shared.ingest.send(w).await.map_err(|_| IngestClosed)?;
                 }
             }
             Incoming::Node(NodeMessage::SyncRequest(req)) => {
@@ -90,6 +98,7 @@ pub async fn dispatch_inbound(shared: Arc<NodeShared>, mut items: mpsc::Receiver
                 metrics::counter!("dagfold_node_messages_unexpected_total").increment(1);
             }
         }
+        Ok(())
     }
 }
 

@@ -7,9 +7,7 @@ use std::time::Duration;
 use crate::protocol::node::*;
 
 pub fn run(node: SocketAddr, scope_hex: &str, from: u64, max_events: Option<u64>, idle_exit_ms: Option<u64>) -> Result<(), String> {
-    let scope: [u8; 32] = hex::decode(scope_hex)
-        .ok()
-        .and_then(|v| v.try_into().ok())
+    let scope = crate::protocol::parse_hash_hex(scope_hex)
         .ok_or_else(|| format!("--scope takes 64 hex characters, got {scope_hex:?}"))?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {

@@ -10,6 +10,15 @@ pub type Hash = [u8; 32];
 pub type PublicKey = [u8; 32];
 pub const ZERO: Hash = [0u8; 32];
 
+/// A 32-byte id (scope, op, key) from its text form: exactly 64 hex
+/// characters, either case; `None` for anything else. The command line, the
+/// admin API and the tools read ids this one way.
+pub fn parse_hash_hex(s: &str) -> Option<Hash> {
+    let mut hash = ZERO;
+    hex::decode_to_slice(s, &mut hash).ok()?;
+    Some(hash)
+}
+
 pub const PLANE_GOVERNANCE: u8 = 0;
 pub const PLANE_DATA: u8 = 1;
 

@@ -264,7 +264,7 @@ pub fn identity_from(seed: u64, label: &str) -> Identity {
 /// The data ops of a frames file, in file order (id, encoded frame).
 pub fn data_ops_of_file(path: &Path) -> Result<Vec<Hash>, String> {
     let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut r = dagfold::durable::FrameReader::new(std::io::BufReader::new(f));
+    let mut r = dagfold::durable::FileFrames::new(std::io::BufReader::new(f));
     let mut out = Vec::new();
     while let Some(item) = r.next_frame().map_err(|e| e.to_string())? {
         if let dagfold::durable::FrameItem::Frame(frame) = item {

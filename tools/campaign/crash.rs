@@ -96,7 +96,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
     let scope_hex = gen["scope"].as_str().ok_or("loadgen file: no scope")?.to_string();
     let root_hex = gen["root"].as_str().ok_or("loadgen file: no root")?.to_string();
     let total_ops = gen["ops"].as_u64().ok_or("loadgen file: no ops")?;
-    let scope: [u8; 32] = hex::decode(&scope_hex).unwrap().try_into().unwrap();
+    let scope: [u8; 32] = dagfold::protocol::parse_hash_hex(&scope_hex).unwrap();
     let data_ids = data_ops_of_file(&file)?;
     let events_expected = data_ids.len() as u64; // one event per data op
 
@@ -277,7 +277,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
     let mut seen_ops = std::collections::HashSet::new();
     for (i, l) in lines.iter().enumerate() {
         let seq = l["seq"].as_u64().unwrap_or(0);
-        let op: Option<[u8; 32]> = l["op"].as_str().and_then(|h| hex::decode(h).ok()).and_then(|v| v.try_into().ok());
+        let op: Option<[u8; 32]> = l["op"].as_str().and_then(dagfold::protocol::parse_hash_hex);
         let Some(op) = op else {
             problems.push(format!("subscriber line {i} has no op"));
             continue;

@@ -135,7 +135,7 @@ pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, 
     let scope_hex = gen["scope"].as_str().ok_or("no scope")?.to_string();
     let root_hex = gen["root"].as_str().ok_or("no root")?.to_string();
     let total_ops = gen["ops"].as_u64().ok_or("no ops")?;
-    let scope: [u8; 32] = hex::decode(&scope_hex).unwrap().try_into().unwrap();
+    let scope: [u8; 32] = dagfold::protocol::parse_hash_hex(&scope_hex).unwrap();
 
     let filler = match &tmpfs {
         Some(t) => Some(fill(&t.0, a.free_kb)?),
@@ -281,7 +281,7 @@ pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, 
     // Every event the subscriber received across the fault names an op that
     // is applied in the end, numbered from 1 without gap.
     for (i, l) in lines.iter().enumerate() {
-        let op: Option<[u8; 32]> = l["op"].as_str().and_then(|h| hex::decode(h).ok()).and_then(|v| v.try_into().ok());
+        let op: Option<[u8; 32]> = l["op"].as_str().and_then(dagfold::protocol::parse_hash_hex);
         if l["seq"].as_u64() != Some(i as u64 + 1) || !op.is_some_and(|o| fin.ops.contains(&o)) {
             problems.push(format!("subscriber event {i}: {l}"));
             break;

@@ -154,7 +154,7 @@ impl Ctx {
 }
 
 fn h32(s: &str) -> Hash {
-    hex::decode(s).ok().and_then(|v| v.try_into().ok()).expect("64 hex characters")
+    dagfold::protocol::parse_hash_hex(s).expect("64 hex characters")
 }
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {

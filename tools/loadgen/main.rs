@@ -223,7 +223,7 @@ fn main() {
             }
         },
         Cmd::File { out, public_key, kem_public_key, ops, writers, chain, reverse, seed, extra_recipients } => {
-            let h = |s: &str| -> [u8; 32] { hex::decode(s).ok().and_then(|v| v.try_into().ok()).expect("64 hex characters") };
+            let h = |s: &str| -> [u8; 32] { parse_hash_hex(s).expect("64 hex characters") };
             let cfg = WorkloadConfig { seed, writers: if chain { 1 } else { writers }, data_ops: ops, chain, ..Default::default() };
             let w = generate(&cfg, h(&public_key), h(&kem_public_key));
             let mut frames: Vec<&Vec<u8>> = w.messages.iter().map(|m| &m.frame).collect();
@@ -340,7 +340,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         return Err(format!("/v1/identity answered {code}"));
     }
     let idv: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-    let h = |k: &str| -> [u8; 32] { hex::decode(idv[k].as_str().unwrap()).unwrap().try_into().unwrap() };
+    let h = |k: &str| -> [u8; 32] { parse_hash_hex(idv[k].as_str().unwrap()).unwrap() };
     let (node_pk, node_kem) = (h("public_key"), h("kem_public_key"));
     eprintln!("loadgen: generating {} ops (signing and encrypting before the timed phase)", a.ops);
     let t_gen = Instant::now();
@@ -692,7 +692,7 @@ struct FramesFile {
 
 fn read_frames_file(path: &std::path::Path) -> Result<FramesFile, String> {
     let f = std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut r = dagfold::durable::FrameReader::new(std::io::BufReader::new(f));
+    let mut r = dagfold::durable::FileFrames::new(std::io::BufReader::new(f));
     let (mut prefix, mut data) = (Vec::new(), Vec::new());
     let mut ids = std::collections::HashSet::new();
     while let Some(item) = r.next_frame().map_err(|e| e.to_string())? {
@@ -719,7 +719,7 @@ fn first_unapplied(file: &FramesFile, index: &std::collections::HashMap<Hash, us
     let Some(st) = status else { return 0 };
     let heads: Vec<Hash> = st["data_heads"]
         .as_array()
-        .map(|a| a.iter().filter_map(|h| hex::decode(h.as_str()?).ok()?.try_into().ok()).collect())
+        .map(|a| a.iter().filter_map(|h| parse_hash_hex(h.as_str()?)).collect())
         .unwrap_or_default();
     let mut covered = vec![false; file.data.len()];
     let mut work: Vec<usize> = heads.iter().filter_map(|h| index.get(h).copied()).collect();
@@ -740,7 +740,7 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
         file.data = order.into_iter().map(|i| data[i].take().expect("a permutation")).collect();
     }
     let index: std::collections::HashMap<Hash, usize> = file.data.iter().enumerate().map(|(i, d)| (d.0, i)).collect();
-    let h = |s: &str| -> Result<Hash, String> { hex::decode(s).ok().and_then(|v| v.try_into().ok()).ok_or(format!("not 64 hex characters: {s:?}")) };
+    let h = |s: &str| -> Result<Hash, String> { parse_hash_hex(s).ok_or(format!("not 64 hex characters: {s:?}")) };
     let scope = a.scope.as_deref().map(h).transpose()?;
     let root = a.root.as_deref().map(h).transpose()?;
     let target = match (scope, root) {
