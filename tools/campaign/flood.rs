@@ -147,7 +147,7 @@ impl Ctx {
         self.stop.load(Ordering::Relaxed)
     }
     fn metric(&self, name: &str, label: Option<&str>) -> f64 {
-        dagfold::admin::http_get(self.admin, "/metrics", Duration::from_secs(5))
+        dagfold::testkit::http_get(self.admin, "/metrics", Duration::from_secs(5))
             .map(|(_, t)| metric_in(&t, name, label))
             .unwrap_or(0.0)
     }

@@ -205,7 +205,7 @@ impl NodeProc {
     }
 
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        dagfold::admin::http_get(self.admin, path, Duration::from_secs(5)).ok()
+        dagfold::testkit::http_get(self.admin, path, Duration::from_secs(5)).ok()
     }
 
     pub fn scope(&self, scope: &Hash) -> Option<serde_json::Value> {

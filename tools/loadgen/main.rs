@@ -279,7 +279,7 @@ fn lane_of(frame: &[u8], lanes: usize) -> usize {
 }
 
 fn status(admin: SocketAddr, scope: &Hash) -> Option<serde_json::Value> {
-    let (code, body) = dagfold::admin::http_get(admin, &format!("/v1/scopes/{}", hex::encode(scope)), Duration::from_secs(5)).ok()?;
+    let (code, body) = dagfold::testkit::http_get(admin, &format!("/v1/scopes/{}", hex::encode(scope)), Duration::from_secs(5)).ok()?;
     (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
 }
 
@@ -334,7 +334,7 @@ fn invalid_ops(w: &dagfold::workload::Workload, n: usize, seed: u64) -> Vec<Vec<
 }
 
 fn run(a: RunArgs) -> Result<serde_json::Value, String> {
-    let (code, body) = dagfold::admin::http_get(a.to.admin, "/v1/identity", Duration::from_secs(5))
+    let (code, body) = dagfold::testkit::http_get(a.to.admin, "/v1/identity", Duration::from_secs(5))
         .map_err(|e| format!("cannot reach the node's status at {}: {e}", a.to.admin))?;
     if code != 200 {
         return Err(format!("/v1/identity answered {code}"));
