@@ -74,12 +74,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Identity { data_dir } => {
-            dagfold::cli::open(&data_dir, Config::default()).map(|n| dagfold::cli::identity_json(&n.engine))
-        }
+    let result: anyhow::Result<serde_json::Value> = match cli.command {
+        Command::Identity { data_dir } => dagfold::cli::open(&data_dir, Config::default())
+            .map(|n| dagfold::cli::identity_json(&n.engine))
+            .map_err(Into::into),
         Command::Import { data_dir, file, batch_frames } => {
-            dagfold::cli::import(&data_dir, &file, batch_frames.max(1), Config::default())
+            dagfold::cli::import(&data_dir, &file, batch_frames.max(1), Config::default()).map_err(Into::into)
         }
         Command::Node(args) => {
             let cfg = match args.resolve() {
@@ -106,7 +106,9 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Inspect { data_dir, scope } => dagfold::cli::inspect(&data_dir, scope.as_deref(), Config::default()),
+        Command::Inspect { data_dir, scope } => {
+            dagfold::cli::inspect(&data_dir, scope.as_deref(), Config::default()).map_err(Into::into)
+        }
     };
     match result {
         Ok(v) => {

@@ -147,12 +147,30 @@ struct FileConfig {
     connection_burst_per_origin: Option<u32>,
 }
 
+/// Why the settings make no node configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolveError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{}: {source}", path.display())]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("--durability takes `durable` or `fast`, not {0:?}")]
+    Durability(String),
+    #[error("verifier_threads, commit_ops_max and heartbeat_ms must be at least 1")]
+    AtLeastOne,
+    #[error("buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)")]
+    BufferedOps,
+    #[error(transparent)]
+    Net(#[from] crate::net::server::ConfigError),
+}
+
 impl NodeArgs {
-    pub fn resolve(self) -> Result<NodeConfig, String> {
+    pub fn resolve(self) -> Result<NodeConfig, ResolveError> {
         let file: FileConfig = match &self.config {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-                toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?
+                let text = std::fs::read_to_string(p).map_err(|source| ResolveError::Read { path: p.clone(), source })?;
+                toml::from_str(&text).map_err(|source| ResolveError::Parse { path: p.clone(), source })?
             }
             None => FileConfig::default(),
         };
@@ -187,15 +205,15 @@ impl NodeArgs {
         match self.durability.or(file.durability).as_deref() {
             None | Some("durable") => c.pipeline.sync = true,
             Some("fast") => c.pipeline.sync = false,
-            Some(other) => return Err(format!("--durability takes `durable` or `fast`, not {other:?}")),
+            Some(other) => return Err(ResolveError::Durability(other.to_owned())),
         }
         if c.pipeline.verifier_threads == 0 || c.pipeline.commit_ops_max == 0 || c.heartbeat_ms == 0 {
-            return Err("verifier_threads, commit_ops_max and heartbeat_ms must be at least 1".into());
+            return Err(ResolveError::AtLeastOne);
         }
         if c.buffered_ops_per_scope_max < 1 || c.buffered_ops_total_max < c.buffered_ops_per_scope_max {
-            return Err("buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)".into());
+            return Err(ResolveError::BufferedOps);
         }
-        c.net.validate().map_err(|e| e.to_string())?;
+        c.net.validate()?;
         Ok(c)
     }
 }
