@@ -2,19 +2,59 @@
 
 use crate::clock::now_ms;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
 use crate::core::{Config, Engine, Outcome, Reason, Stats};
-use crate::durable::{FileFrames, FrameItem, InlineDriver};
+use crate::durable::{FileFrames, FrameItem, FrameReadError, InlineDriver};
 use crate::store::rocks::RocksStore;
+use crate::store::StoreError;
 
+/// Why a data directory could not be opened (`identity`, and the start of
+/// `import` and `inspect`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    #[error("cannot open the store at {}: {source}", path.display())]
+    Store { path: PathBuf, source: StoreError },
+    #[error("cannot open the node state: {0}")]
+    State(StoreError),
+}
 
-pub fn open(data_dir: &Path, cfg: Config) -> anyhow_like::Result<InlineDriver<RocksStore>> {
-    let store = RocksStore::open(data_dir)
-        .map_err(|e| anyhow_like::Error(format!("cannot open the store at {}: {e}", data_dir.display())))?;
-    InlineDriver::open(store, cfg, now_ms()).map_err(|e| anyhow_like::Error(format!("cannot open the node state: {e}")))
+/// Why `dagfold import` stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ImportError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("cannot read {file}: {source}")]
+    Read { file: String, source: std::io::Error },
+    /// A commit failed: the node state refuses further writes.
+    #[error("store write failed, nothing more is accepted: {0}")]
+    Store(StoreError),
+    /// The input broke off (a truncated frame, a read error); every frame
+    /// before it is applied. `summary` is the JSON summary up to there, with
+    /// the error under `"error"`.
+    #[error("{source}; everything before it is applied. summary: {summary}")]
+    Input { source: FrameReadError, summary: serde_json::Value },
+}
+
+/// Why `dagfold inspect` printed nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InspectError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("--scope takes 64 hex characters, got {0:?}")]
+    Scope(String),
+    #[error("no scope {0} with an applied genesis")]
+    NoScope(String),
+}
+
+pub fn open(data_dir: &Path, cfg: Config) -> Result<InlineDriver<RocksStore>, OpenError> {
+    let store = RocksStore::open(data_dir).map_err(|source| OpenError::Store { path: data_dir.to_path_buf(), source })?;
+    InlineDriver::open(store, cfg, now_ms()).map_err(OpenError::State)
 }
 
 pub fn identity_json(engine: &Engine) -> serde_json::Value {
@@ -73,21 +113,21 @@ impl OutcomeCounts {
 }
 
 /// `dagfold import`: frames from a file or stdin through the engine.
-pub fn import(data_dir: &Path, file: &str, batch_frames: usize, cfg: Config) -> anyhow_like::Result<serde_json::Value> {
+pub fn import(data_dir: &Path, file: &str, batch_frames: usize, cfg: Config) -> Result<serde_json::Value, ImportError> {
     let mut node = open(data_dir, cfg)?;
     let input: Box<dyn Read> = if file == "-" {
         Box::new(std::io::stdin().lock())
     } else {
         Box::new(std::io::BufReader::with_capacity(
             1 << 20,
-            std::fs::File::open(file).map_err(|e| anyhow_like::Error(format!("cannot read {file}: {e}")))?,
+            std::fs::File::open(file).map_err(|source| ImportError::Read { file: file.to_owned(), source })?,
         ))
     };
     let mut reader = FileFrames::new(input);
     let before = node.engine.stats.clone();
     let mut counts = OutcomeCounts::default();
     let mut batch: Vec<Vec<u8>> = Vec::with_capacity(batch_frames);
-    let mut error: Option<String> = None;
+    let mut error: Option<FrameReadError> = None;
     loop {
         let item = reader.next_frame();
         let done = match item {
@@ -102,14 +142,12 @@ pub fn import(data_dir: &Path, file: &str, batch_frames: usize, cfg: Config) -> 
             }
             Ok(None) => true,
             Err(e) => {
-                error = Some(e.to_string());
+                error = Some(e);
                 true
             }
         };
         if batch.len() >= batch_frames || (done && !batch.is_empty()) {
-            let (outcomes, _) = node
-                .handle_frames(&batch, now_ms())
-                .map_err(|e| anyhow_like::Error(format!("store write failed, nothing more is accepted: {e}")))?;
+            let (outcomes, _) = node.handle_frames(&batch, now_ms()).map_err(ImportError::Store)?;
             outcomes.iter().for_each(|o| counts.add(o));
             batch.clear();
         }
@@ -119,39 +157,25 @@ pub fn import(data_dir: &Path, file: &str, batch_frames: usize, cfg: Config) -> 
     }
     let mut summary = stats_json(&before, &node.engine.stats, &counts);
     if let Some(e) = error {
-        summary["error"] = json!(e);
-        return Err(anyhow_like::Error(format!("{e}; everything before it is applied. summary: {summary}")));
+        summary["error"] = json!(e.to_string());
+        return Err(ImportError::Input { source: e, summary });
     }
     Ok(summary)
 }
 
-pub fn inspect(data_dir: &Path, scope: Option<&str>, cfg: Config) -> anyhow_like::Result<serde_json::Value> {
+pub fn inspect(data_dir: &Path, scope: Option<&str>, cfg: Config) -> Result<serde_json::Value, InspectError> {
     let mut node = open(data_dir, cfg)?;
     match scope {
         Some(hex_scope) => {
-            let id = crate::protocol::parse_hash_hex(hex_scope)
-                .ok_or_else(|| anyhow_like::Error(format!("--scope takes 64 hex characters, got {hex_scope:?}")))?;
+            let id = crate::protocol::parse_hash_hex(hex_scope).ok_or_else(|| InspectError::Scope(hex_scope.to_owned()))?;
             node.engine
                 .status(&id)
                 .map(|s| s.to_json())
-                .ok_or_else(|| anyhow_like::Error(format!("no scope {hex_scope} with an applied genesis")))
+                .ok_or_else(|| InspectError::NoScope(hex_scope.to_owned()))
         }
         None => {
             let ids = node.engine.scope_ids();
             Ok(serde_json::Value::Array(ids.iter().filter_map(|id| node.engine.status(id).map(|s| s.to_json())).collect()))
         }
     }
-}
-
-/// A minimal error type for the commands: a message for the operator.
-pub mod anyhow_like {
-    #[derive(Debug)]
-    pub struct Error(pub String);
-    impl std::fmt::Display for Error {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str(&self.0)
-        }
-    }
-    impl std::error::Error for Error {}
-    pub type Result<T> = std::result::Result<T, Error>;
 }

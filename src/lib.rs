@@ -16,4 +16,9 @@ pub mod node;
 pub mod pipeline;
 pub mod protocol;
 pub mod store;
+// Test-only code (the `testkit` feature, which tests, benches and tools turn
+// on): the shipped library holds only the node.
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+#[cfg(any(test, feature = "testkit"))]
 pub mod workload;

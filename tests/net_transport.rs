@@ -733,7 +733,7 @@ async fn the_admin_server_answers_its_routes() {
     let answers = tokio::task::spawn_blocking(move || {
         cases
             .into_iter()
-            .map(|(path, status, body)| (path.clone(), status, body, admin::http_get(addr, &path, WAIT)))
+            .map(|(path, status, body)| (path.clone(), status, body, dagfold::testkit::http_get(addr, &path, WAIT)))
             .collect::<Vec<_>>()
     });
     for (path, status, body, answer) in timeout(WAIT * 2, answers).await.expect("in time").expect("task") {

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use dagfold::core::Config;
+use dagfold::node::config::DATA_DIR_DEFAULT;
 
 #[derive(Parser)]
 #[command(name = "dagfold", version, about = "A server node for replicated, end-to-end encrypted group state (see SPEC.md).")]
@@ -25,13 +26,13 @@ enum Command {
     /// Print the node identity as JSON, creating it on first use.
     Identity {
         /// The node's data directory (RocksDB).
-        #[arg(long, default_value = "./dagfold-data")]
+        #[arg(long, default_value = DATA_DIR_DEFAULT)]
         data_dir: PathBuf,
     },
     /// Apply frames (u32 LE length, then borsh(Message)) from FILE, or "-"
     /// for stdin, through the engine; print a JSON summary of the verdicts.
     Import {
-        #[arg(long, default_value = "./dagfold-data")]
+        #[arg(long, default_value = DATA_DIR_DEFAULT)]
         data_dir: PathBuf,
         /// The frames file, or "-" for standard input.
         file: String,
@@ -47,7 +48,7 @@ enum Command {
     /// node restart or a lag notice, without loss or repetition.
     Subscribe {
         /// The node's QUIC address.
-        #[arg(long, default_value = "127.0.0.1:7400")]
+        #[arg(long, default_value_t = dagfold::net::ServerConfig::default().listen)]
         node: std::net::SocketAddr,
         /// The scope id, 64 hex characters.
         #[arg(long)]
@@ -64,7 +65,7 @@ enum Command {
     /// Print the status object of one scope (SPEC §11), or of every scope
     /// with an applied genesis as a JSON array.
     Inspect {
-        #[arg(long, default_value = "./dagfold-data")]
+        #[arg(long, default_value = DATA_DIR_DEFAULT)]
         data_dir: PathBuf,
         /// The scope id, 64 hex characters.
         #[arg(long)]
@@ -74,12 +75,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Identity { data_dir } => {
-            dagfold::cli::open(&data_dir, Config::default()).map(|n| dagfold::cli::identity_json(&n.engine))
-        }
+    let result: anyhow::Result<serde_json::Value> = match cli.command {
+        Command::Identity { data_dir } => dagfold::cli::open(&data_dir, Config::default())
+            .map(|n| dagfold::cli::identity_json(&n.engine))
+            .map_err(Into::into),
         Command::Import { data_dir, file, batch_frames } => {
-            dagfold::cli::import(&data_dir, &file, batch_frames.max(1), Config::default())
+            dagfold::cli::import(&data_dir, &file, batch_frames.max(1), Config::default()).map_err(Into::into)
         }
         Command::Node(args) => {
             let cfg = match args.resolve() {
@@ -106,7 +107,9 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Inspect { data_dir, scope } => dagfold::cli::inspect(&data_dir, scope.as_deref(), Config::default()),
+        Command::Inspect { data_dir, scope } => {
+            dagfold::cli::inspect(&data_dir, scope.as_deref(), Config::default()).map_err(Into::into)
+        }
     };
     match result {
         Ok(v) => {

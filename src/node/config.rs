@@ -1,13 +1,37 @@
 //! The node's configuration: command-line flags, each also settable in a
-//! TOML file (`--config`); a flag given on the command line wins.
+//! TOML file (`--config`); a flag given on the command line wins over the
+//! file, and the file over the default.
+//!
+//! Each setting is one field of [`Settings`]: its flag (`--key-wait-ms`), its
+//! file key (`key_wait_ms`) and its help; its default is in
+//! [`Settings::defaults`], taken from the constants it comes from (`limits`,
+//! `PipelineConfig::default()`, `ServerConfig::default()`), and `--help`
+//! shows that same value.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use clap::{ArgMatches, Args, Command, FromArgMatches};
+use serde::{Deserialize, Serialize};
 
 use crate::limits;
+use crate::net::ServerConfig;
 use crate::pipeline::PipelineConfig;
+
+/// Where a node keeps its data unless told otherwise (also the default of
+/// `identity`, `import` and `inspect`).
+pub const DATA_DIR_DEFAULT: &str = "./dagfold-data";
+
+/// The HTTP status and metrics address unless told otherwise: beside the
+/// QUIC default (`ServerConfig::default().listen`, port 7400).
+pub const ADMIN_DEFAULT: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7401));
+
+/// Interval of the heads heartbeat to peers unless told otherwise.
+pub const HEARTBEAT_MS_DEFAULT: u64 = 1_000;
+
+/// Network (tokio) threads unless told otherwise: the network side is light
+/// next to verification, which gets the cores.
+pub const NETWORK_THREADS_DEFAULT: usize = 1;
 
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -28,84 +52,69 @@ pub struct NodeConfig {
 
 impl Default for NodeConfig {
     fn default() -> Self {
-        NodeConfig {
-            data_dir: PathBuf::from("./dagfold-data"),
-            listen: "127.0.0.1:7400".parse().unwrap(),
-            admin: "127.0.0.1:7401".parse().unwrap(),
-            peers: Vec::new(),
-            key_wait_ms: limits::DATA_KEY_WAIT_MS_DEFAULT,
-            heartbeat_ms: 1_000,
-            buffered_ops_per_scope_max: limits::BUFFERED_OPS_PER_SCOPE_MAX,
-            buffered_bytes_per_scope_max: limits::BUFFERED_BYTES_PER_SCOPE_MAX,
-            buffered_ops_total_max: limits::BUFFERED_OPS_TOTAL_MAX,
-            buffered_bytes_total_max: limits::BUFFERED_BYTES_TOTAL_MAX,
-            network_threads: 1,
-            pipeline: PipelineConfig::default(),
-            net: crate::net::ServerConfig::default(),
-        }
+        Settings::defaults().into_config().expect("the default settings are valid")
     }
 }
 
-/// `dagfold node` flags (see `--help`).
-#[derive(clap::Args, Debug, Default)]
-pub struct NodeArgs {
-    /// A TOML file with any of the settings below (keys as the flags, with
-    /// underscores: `data_dir`, `listen`, `peers = [..]`, ...).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
+/// Every setting of `dagfold node`. Each field is a flag (`--data-dir`) and a
+/// key of the `--config` file (`data_dir`); `None` (no peers) is "not given
+/// here". The help of each ends with its default from [`Settings::defaults`].
+#[derive(Args, Serialize, Deserialize, Clone, Debug)]
+// A key missing from the file keeps its default.
+#[serde(deny_unknown_fields, default = "Settings::defaults")]
+pub struct Settings {
     /// Where the node keeps its RocksDB store, identity and TLS certificate
-    /// [default: ./dagfold-data]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// QUIC address for peers and clients [default: 127.0.0.1:7400]
+    /// QUIC address for peers and clients
     #[arg(long)]
     pub listen: Option<SocketAddr>,
     /// HTTP address for /v1/identity, /v1/scopes/{id} and /metrics
-    /// [default: 127.0.0.1:7401]
     #[arg(long)]
     pub admin: Option<SocketAddr>,
     /// A peer's QUIC address (repeatable): gossip, heartbeat and sync.
     #[arg(long = "peer")]
     pub peers: Vec<SocketAddr>,
     /// How long a data op waits in memory for its key before it is dropped
-    /// for redelivery (SPEC §6 step 4) [default: 3000]
+    /// for redelivery (SPEC §6 step 4)
     #[arg(long)]
     pub key_wait_ms: Option<u64>,
-    /// Interval of the heads heartbeat to peers [default: 1000]
+    /// Interval of the heads heartbeat to peers
     #[arg(long)]
     pub heartbeat_ms: Option<u64>,
     /// Buffered ops (pending + key waits) per scope before the oldest is
-    /// evicted [default: 200000]
+    /// evicted
     #[arg(long)]
     pub buffered_ops_per_scope_max: Option<u64>,
-    /// Buffered bytes per scope [default: 67108864]
+    /// Buffered bytes per scope
     #[arg(long)]
     pub buffered_bytes_per_scope_max: Option<u64>,
-    /// Buffered ops over all scopes [default: 400000]
+    /// Buffered ops over all scopes
     #[arg(long)]
     pub buffered_ops_total_max: Option<u64>,
-    /// Buffered bytes over all scopes [default: 268435456]
+    /// Buffered bytes over all scopes
     #[arg(long)]
     pub buffered_bytes_total_max: Option<u64>,
-    /// Signature verification threads [default: 2, the cores of this machine kind]
+    /// Signature verification threads (by default the cores of this machine
+    /// kind)
     #[arg(long)]
     pub verifier_threads: Option<usize>,
-    /// Network (tokio) threads [default: 1]
+    /// Network (tokio) threads
     #[arg(long)]
     pub network_threads: Option<usize>,
     /// Applied ops folded into one commit at most (group commit); a commit
-    /// also closes at 4x as many received ops when most park [default: 4096]
+    /// also closes at 4x as many received ops when most park
     #[arg(long)]
     pub commit_ops_max: Option<usize>,
-    /// `durable` (default): the WAL is synced before anything is emitted;
-    /// `fast`: not synced (a process crash loses nothing, a power loss may
-    /// lose the last commits).
+    /// `durable`: the WAL is synced before anything is emitted; `fast`: not
+    /// synced (a process crash loses nothing, a power loss may lose the last
+    /// commits).
     #[arg(long)]
     pub durability: Option<String>,
-    /// QUIC connections open at once [default: 256]
+    /// QUIC connections open at once
     #[arg(long)]
     pub connections_max: Option<u32>,
-    /// Concurrent streams per connection, each direction [default: 32]
+    /// Concurrent streams per connection, each direction
     #[arg(long)]
     pub streams_per_connection_max: Option<u32>,
     /// QUIC connections open at once from one origin (an IPv4 address or
@@ -113,89 +122,296 @@ pub struct NodeArgs {
     #[arg(long)]
     pub connections_per_origin_max: Option<u32>,
     /// New connections a second from one origin, on average; 0 for no limit
-    /// [default: 200]
     #[arg(long)]
     pub connection_rate_per_origin: Option<u32>,
     /// Burst of new connections one origin may open above its rate
-    /// [default: 1000]
     #[arg(long)]
     pub connection_burst_per_origin: Option<u32>,
 }
 
-#[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    data_dir: Option<PathBuf>,
-    listen: Option<SocketAddr>,
-    admin: Option<SocketAddr>,
-    #[serde(default)]
-    peers: Vec<SocketAddr>,
-    key_wait_ms: Option<u64>,
-    heartbeat_ms: Option<u64>,
-    buffered_ops_per_scope_max: Option<u64>,
-    buffered_bytes_per_scope_max: Option<u64>,
-    buffered_ops_total_max: Option<u64>,
-    buffered_bytes_total_max: Option<u64>,
-    verifier_threads: Option<usize>,
-    network_threads: Option<usize>,
-    commit_ops_max: Option<usize>,
-    durability: Option<String>,
-    connections_max: Option<u32>,
-    streams_per_connection_max: Option<u32>,
-    connections_per_origin_max: Option<u32>,
-    connection_rate_per_origin: Option<u32>,
-    connection_burst_per_origin: Option<u32>,
+impl Settings {
+    /// Every setting's default, from the constant it comes from; `--help`
+    /// shows these values. `connections_per_origin_max` has none of its own:
+    /// it is a quarter of `connections_max` (see `into_config`).
+    pub fn defaults() -> Settings {
+        let pipeline = PipelineConfig::default();
+        let net = ServerConfig::default();
+        Settings {
+            data_dir: Some(PathBuf::from(DATA_DIR_DEFAULT)),
+            listen: Some(net.listen),
+            admin: Some(ADMIN_DEFAULT),
+            peers: Vec::new(),
+            key_wait_ms: Some(limits::DATA_KEY_WAIT_MS_DEFAULT),
+            heartbeat_ms: Some(HEARTBEAT_MS_DEFAULT),
+            buffered_ops_per_scope_max: Some(limits::BUFFERED_OPS_PER_SCOPE_MAX),
+            buffered_bytes_per_scope_max: Some(limits::BUFFERED_BYTES_PER_SCOPE_MAX),
+            buffered_ops_total_max: Some(limits::BUFFERED_OPS_TOTAL_MAX),
+            buffered_bytes_total_max: Some(limits::BUFFERED_BYTES_TOTAL_MAX),
+            verifier_threads: Some(pipeline.verifier_threads),
+            network_threads: Some(NETWORK_THREADS_DEFAULT),
+            commit_ops_max: Some(pipeline.commit_ops_max),
+            durability: Some("durable".to_owned()),
+            connections_max: Some(net.connections_max),
+            streams_per_connection_max: Some(net.streams_per_connection_max),
+            connections_per_origin_max: None,
+            connection_rate_per_origin: Some(net.connection_rate_per_origin),
+            connection_burst_per_origin: Some(net.connection_burst_per_origin),
+        }
+    }
+
+    /// The settings of a TOML file, over the defaults.
+    fn from_file(path: &Path) -> Result<Settings, ResolveError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ResolveError::Read { path: path.to_path_buf(), source })?;
+        toml::from_str(&text).map_err(|source| ResolveError::Parse { path: path.to_path_buf(), source })
+    }
+
+    /// The node's configuration from settings that have the defaults under
+    /// them, checked.
+    fn into_config(self) -> Result<NodeConfig, ResolveError> {
+        fn set<T>(value: Option<T>) -> T {
+            value.expect("every setting but connections_per_origin_max has a default")
+        }
+        let sync = match self.durability.as_deref() {
+            None | Some("durable") => true,
+            Some("fast") => false,
+            Some(other) => return Err(ResolveError::Durability(other.to_owned())),
+        };
+        let connections_max = set(self.connections_max);
+        let c = NodeConfig {
+            data_dir: set(self.data_dir),
+            listen: set(self.listen),
+            admin: set(self.admin),
+            peers: self.peers,
+            key_wait_ms: set(self.key_wait_ms),
+            heartbeat_ms: set(self.heartbeat_ms),
+            buffered_ops_per_scope_max: set(self.buffered_ops_per_scope_max),
+            buffered_bytes_per_scope_max: set(self.buffered_bytes_per_scope_max),
+            buffered_ops_total_max: set(self.buffered_ops_total_max),
+            buffered_bytes_total_max: set(self.buffered_bytes_total_max),
+            network_threads: set(self.network_threads),
+            pipeline: PipelineConfig {
+                verifier_threads: set(self.verifier_threads),
+                commit_ops_max: set(self.commit_ops_max),
+                sync,
+                ..PipelineConfig::default()
+            },
+            net: ServerConfig {
+                connections_max,
+                streams_per_connection_max: set(self.streams_per_connection_max),
+                // One origin may take a quarter of the slots unless told otherwise.
+                connections_per_origin_max: self.connections_per_origin_max.unwrap_or((connections_max / 4).max(1)),
+                connection_rate_per_origin: set(self.connection_rate_per_origin),
+                connection_burst_per_origin: set(self.connection_burst_per_origin),
+                ..ServerConfig::default()
+            },
+        };
+        if c.pipeline.verifier_threads == 0 || c.pipeline.commit_ops_max == 0 || c.heartbeat_ms == 0 {
+            return Err(ResolveError::AtLeastOne);
+        }
+        if c.buffered_ops_per_scope_max < 1 || c.buffered_ops_total_max < c.buffered_ops_per_scope_max {
+            return Err(ResolveError::BufferedOps);
+        }
+        c.net.validate()?;
+        Ok(c)
+    }
+}
+
+/// Why the settings make no node configuration.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolveError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{}: {source}", path.display())]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("--durability takes `durable` or `fast`, not {0:?}")]
+    Durability(String),
+    #[error("verifier_threads, commit_ops_max and heartbeat_ms must be at least 1")]
+    AtLeastOne,
+    #[error("buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)")]
+    BufferedOps,
+    #[error(transparent)]
+    Net(#[from] crate::net::server::ConfigError),
+}
+
+/// `dagfold node`'s command line: `--config` and the [`Settings`]. It keeps
+/// clap's matches, so that exactly the flags given there override the file.
+#[derive(Clone, Debug)]
+pub struct NodeArgs {
+    config: Option<PathBuf>,
+    matches: ArgMatches,
+}
+
+/// The flags as clap parses them.
+#[derive(Args)]
+struct Flags {
+    /// A TOML file with any of the settings below (keys as the flags, with
+    /// underscores: `data_dir`, `listen`, `peers = [..]`, ...).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl FromArgMatches for NodeArgs {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let flags = Flags::from_arg_matches(matches)?;
+        Ok(NodeArgs { config: flags.config, matches: matches.clone() })
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = NodeArgs::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for NodeArgs {
+    fn augment_args(cmd: Command) -> Command {
+        show_defaults(Flags::augment_args(cmd))
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        show_defaults(Flags::augment_args_for_update(cmd))
+    }
+}
+
+/// Ends the help of each setting that has a default with `[default: X]`,
+/// X from [`Settings::defaults`] (the values `resolve` uses).
+fn show_defaults(mut cmd: Command) -> Command {
+    let serde_json::Value::Object(defaults) = serde_json::to_value(Settings::defaults()).expect("settings serialize") else {
+        unreachable!("a struct serializes to an object")
+    };
+    for (key, value) in defaults {
+        let shown = match value {
+            serde_json::Value::Null => continue,
+            serde_json::Value::Array(items) if items.is_empty() => continue,
+            serde_json::Value::String(s) => s,
+            other => other.to_string(),
+        };
+        // The arg's id is the field's name, as is the file key.
+        cmd = cmd.mut_arg(key, |arg| {
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            arg.help(format!("{help} [default: {shown}]"))
+        });
+    }
+    cmd
 }
 
 impl NodeArgs {
-    pub fn resolve(self) -> Result<NodeConfig, String> {
-        let file: FileConfig = match &self.config {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-                toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?
-            }
-            None => FileConfig::default(),
+    /// The configuration: the flags given, over the `--config` file, over
+    /// the defaults; then checked.
+    pub fn resolve(self) -> Result<NodeConfig, ResolveError> {
+        let mut settings = match &self.config {
+            Some(path) => Settings::from_file(path)?,
+            None => Settings::defaults(),
         };
-        let mut c = NodeConfig::default();
-        macro_rules! pick {
-            ($field:ident, $target:expr) => {
-                if let Some(v) = self.$field.or(file.$field) {
-                    $target = v;
-                }
-            };
+        // clap's update sets exactly the fields whose flags were given.
+        settings.update_from_arg_matches(&self.matches).expect("the matches come from these flags");
+        settings.into_config()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        node: NodeArgs,
+    }
+
+    fn args(argv: &[&str]) -> NodeArgs {
+        Cli::try_parse_from(std::iter::once("node").chain(argv.iter().copied())).unwrap().node
+    }
+
+    /// The help of `--{long}`, as `dagfold node --help` prints it.
+    fn help_of(long: &str) -> String {
+        let cmd = Cli::command();
+        let arg = cmd.get_arguments().find(|a| a.get_long() == Some(long)).unwrap_or_else(|| panic!("no --{long}"));
+        arg.get_help().map(ToString::to_string).unwrap_or_default()
+    }
+
+    #[test]
+    fn the_defaults_used_and_shown_are_the_constants() {
+        let c = args(&[]).resolve().unwrap();
+        let (pipeline, net) = (PipelineConfig::default(), ServerConfig::default());
+        let used_and_constant: [(&str, u64, u64); 12] = [
+            ("key-wait-ms", c.key_wait_ms, limits::DATA_KEY_WAIT_MS_DEFAULT),
+            ("heartbeat-ms", c.heartbeat_ms, HEARTBEAT_MS_DEFAULT),
+            ("buffered-ops-per-scope-max", c.buffered_ops_per_scope_max, limits::BUFFERED_OPS_PER_SCOPE_MAX),
+            ("buffered-bytes-per-scope-max", c.buffered_bytes_per_scope_max, limits::BUFFERED_BYTES_PER_SCOPE_MAX),
+            ("buffered-ops-total-max", c.buffered_ops_total_max, limits::BUFFERED_OPS_TOTAL_MAX),
+            ("buffered-bytes-total-max", c.buffered_bytes_total_max, limits::BUFFERED_BYTES_TOTAL_MAX),
+            ("verifier-threads", c.pipeline.verifier_threads as u64, pipeline.verifier_threads as u64),
+            ("network-threads", c.network_threads as u64, NETWORK_THREADS_DEFAULT as u64),
+            ("commit-ops-max", c.pipeline.commit_ops_max as u64, pipeline.commit_ops_max as u64),
+            ("connections-max", c.net.connections_max.into(), net.connections_max.into()),
+            ("streams-per-connection-max", c.net.streams_per_connection_max.into(), net.streams_per_connection_max.into()),
+            ("connection-rate-per-origin", c.net.connection_rate_per_origin.into(), net.connection_rate_per_origin.into()),
+        ];
+        for (flag, used, constant) in used_and_constant {
+            assert_eq!(used, constant, "--{flag}: the default used");
+            let help = help_of(flag);
+            assert!(help.ends_with(&format!("[default: {constant}]")), "--{flag}: the default shown: {help:?}");
         }
-        pick!(data_dir, c.data_dir);
-        pick!(listen, c.listen);
-        pick!(admin, c.admin);
-        pick!(key_wait_ms, c.key_wait_ms);
-        pick!(heartbeat_ms, c.heartbeat_ms);
-        pick!(buffered_ops_per_scope_max, c.buffered_ops_per_scope_max);
-        pick!(buffered_bytes_per_scope_max, c.buffered_bytes_per_scope_max);
-        pick!(buffered_ops_total_max, c.buffered_ops_total_max);
-        pick!(buffered_bytes_total_max, c.buffered_bytes_total_max);
-        pick!(verifier_threads, c.pipeline.verifier_threads);
-        pick!(network_threads, c.network_threads);
-        pick!(commit_ops_max, c.pipeline.commit_ops_max);
-        pick!(connections_max, c.net.connections_max);
-        pick!(streams_per_connection_max, c.net.streams_per_connection_max);
-        // One origin may take a quarter of the slots unless told otherwise.
-        c.net.connections_per_origin_max = (c.net.connections_max / 4).max(1);
-        pick!(connections_per_origin_max, c.net.connections_per_origin_max);
-        pick!(connection_rate_per_origin, c.net.connection_rate_per_origin);
-        pick!(connection_burst_per_origin, c.net.connection_burst_per_origin);
-        c.peers = if self.peers.is_empty() { file.peers } else { self.peers };
-        match self.durability.or(file.durability).as_deref() {
-            None | Some("durable") => c.pipeline.sync = true,
-            Some("fast") => c.pipeline.sync = false,
-            Some(other) => return Err(format!("--durability takes `durable` or `fast`, not {other:?}")),
-        }
-        if c.pipeline.verifier_threads == 0 || c.pipeline.commit_ops_max == 0 || c.heartbeat_ms == 0 {
-            return Err("verifier_threads, commit_ops_max and heartbeat_ms must be at least 1".into());
-        }
-        if c.buffered_ops_per_scope_max < 1 || c.buffered_ops_total_max < c.buffered_ops_per_scope_max {
-            return Err("buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)".into());
-        }
-        c.net.validate().map_err(|e| e.to_string())?;
-        Ok(c)
+        assert_eq!(c.net.connection_burst_per_origin, net.connection_burst_per_origin);
+        assert!(help_of("connection-burst-per-origin").ends_with(&format!("[default: {}]", net.connection_burst_per_origin)));
+        assert_eq!(c.net.connections_per_origin_max, net.connections_max / 4);
+        assert!(help_of("connections-per-origin-max").ends_with("[default: a quarter of --connections-max]"));
+        assert_eq!((c.data_dir.to_str(), c.listen, c.admin), (Some(DATA_DIR_DEFAULT), net.listen, ADMIN_DEFAULT));
+        assert!(help_of("data-dir").ends_with(&format!("[default: {DATA_DIR_DEFAULT}]")));
+        assert!(help_of("listen").ends_with(&format!("[default: {}]", net.listen)));
+        assert!(help_of("admin").ends_with(&format!("[default: {ADMIN_DEFAULT}]")));
+        assert!(c.pipeline.sync);
+        assert!(help_of("durability").ends_with("[default: durable]"));
+        assert!(c.peers.is_empty());
+        assert!(!help_of("peer").contains("[default"));
+        assert!(!help_of("config").contains("[default"));
+        // Nothing else of the pipeline or the transport moves.
+        let (p, n) = (&c.pipeline, &c.net);
+        assert_eq!((p.verify_batch_max, p.stage_queue_batches, p.tick_ms), (pipeline.verify_batch_max, pipeline.stage_queue_batches, pipeline.tick_ms));
+        assert_eq!((n.frames_buffered_bytes_max, n.idle_timeout_ms, n.listen), (net.frames_buffered_bytes_max, net.idle_timeout_ms, net.listen));
+    }
+
+    #[test]
+    fn a_flag_overrides_the_file_and_the_file_the_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, "key_wait_ms = 5\nheartbeat_ms = 7\npeers = [\"127.0.0.1:9001\"]\nconnections_max = 40\ndurability = \"fast\"\n")
+            .unwrap();
+        let path = path.to_str().unwrap();
+        let c = args(&["--config", path, "--key-wait-ms", "9", "--peer", "127.0.0.1:9002"]).resolve().unwrap();
+        assert_eq!(c.key_wait_ms, 9, "the flag over the file");
+        assert_eq!(c.peers, [SocketAddr::from(([127, 0, 0, 1], 9002))], "the flag's peers instead of the file's");
+        assert_eq!(c.heartbeat_ms, 7, "the file over the default");
+        assert!(!c.pipeline.sync, "the file over the default");
+        assert_eq!(c.net.connections_per_origin_max, 10, "a quarter of the file's connections_max");
+        assert_eq!(c.buffered_ops_total_max, limits::BUFFERED_OPS_TOTAL_MAX, "the default");
+        let c = args(&["--config", path]).resolve().unwrap();
+        assert_eq!((c.key_wait_ms, c.peers), (5, vec![SocketAddr::from(([127, 0, 0, 1], 9001))]), "the file alone");
+        let c = args(&["--config", path, "--durability", "durable", "--connections-per-origin-max", "3"]).resolve().unwrap();
+        assert!(c.pipeline.sync);
+        assert_eq!(c.net.connections_per_origin_max, 3);
+    }
+
+    #[test]
+    fn errors_name_the_setting() {
+        let err = |argv: &[&str]| args(argv).resolve().unwrap_err().to_string();
+        assert_eq!(err(&["--durability", "slow"]), "--durability takes `durable` or `fast`, not \"slow\"");
+        assert_eq!(err(&["--heartbeat-ms", "0"]), "verifier_threads, commit_ops_max and heartbeat_ms must be at least 1");
+        assert_eq!(
+            err(&["--buffered-ops-per-scope-max", "2", "--buffered-ops-total-max", "1"]),
+            "buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)"
+        );
+        assert_eq!(err(&["--connections-max", "0"]), "net config: connections_max must be at least 1");
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.toml");
+        assert!(err(&["--config", missing.to_str().unwrap()]).starts_with(&format!("cannot read {}: ", missing.display())));
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, "config = \"x\"\n").unwrap();
+        let e = err(&["--config", path.to_str().unwrap()]);
+        assert!(e.starts_with(&format!("{}: ", path.display())) && e.contains("unknown field `config`"), "{e}");
     }
 }

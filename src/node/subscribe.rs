@@ -6,13 +6,41 @@ use std::time::Duration;
 
 use crate::protocol::node::*;
 
-pub fn run(node: SocketAddr, scope_hex: &str, from: u64, max_events: Option<u64>, idle_exit_ms: Option<u64>) -> Result<(), String> {
-    let scope = crate::protocol::parse_hash_hex(scope_hex)
-        .ok_or_else(|| format!("--scope takes 64 hex characters, got {scope_hex:?}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+/// Why `dagfold subscribe` gave up (a lost connection it retries instead).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscribeError {
+    #[error("--scope takes 64 hex characters, got {0:?}")]
+    Scope(String),
+    /// No runtime could be made.
+    #[error(transparent)]
+    Runtime(#[from] std::io::Error),
+    /// No endpoint to dial from.
+    #[error(transparent)]
+    Endpoint(#[from] crate::net::server::NetError),
+}
+
+/// Why one attempt ended before its events did: printed, then retried.
+#[derive(Debug, thiserror::Error)]
+enum Interrupted {
+    #[error(transparent)]
+    Connect(#[from] crate::net::client::ConnectError),
+    #[error(transparent)]
+    Open(#[from] quinn::ConnectionError),
+    #[error(transparent)]
+    Write(#[from] crate::net::FrameWriteError),
+    #[error(transparent)]
+    Read(#[from] crate::net::FrameError),
+    #[error("unexpected frame on the subscription")]
+    UnexpectedFrame,
+}
+
+pub fn run(node: SocketAddr, scope_hex: &str, from: u64, max_events: Option<u64>, idle_exit_ms: Option<u64>) -> Result<(), SubscribeError> {
+    let scope = crate::protocol::parse_hash_hex(scope_hex).ok_or_else(|| SubscribeError::Scope(scope_hex.to_owned()))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
         let cfg = crate::net::ServerConfig::default();
-        let endpoint = crate::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &cfg).map_err(|e| e.to_string())?;
+        let endpoint = crate::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &cfg)?;
         let mut next = from.max(1);
         let mut printed = 0u64;
         let mut backoff = 100u64;
@@ -26,18 +54,18 @@ pub fn run(node: SocketAddr, scope_hex: &str, from: u64, max_events: Option<u64>
                 return Ok(());
             }
             let attempt = async {
-                let conn = crate::net::connect(&endpoint, node).await.map_err(|e| e.to_string())?;
-                let (mut w, mut r) = crate::net::open_bi(&conn).await.map_err(|e| e.to_string())?;
-                w.write(&NodeMessage::Subscribe(Subscribe { scope, from_seq: next }).encode()).await.map_err(|e| e.to_string())?;
+                let conn = crate::net::connect(&endpoint, node).await?;
+                let (mut w, mut r) = crate::net::open_bi(&conn).await?;
+                w.write(&NodeMessage::Subscribe(Subscribe { scope, from_seq: next }).encode()).await?;
                 loop {
                     let read = match idle {
                         Some(d) => match tokio::time::timeout(d.saturating_sub(last_event.elapsed()), r.read()).await {
                             Ok(x) => x,
-                            Err(_) => return Ok::<bool, String>(true),
+                            Err(_) => return Ok::<bool, Interrupted>(true),
                         },
                         None => r.read().await,
                     };
-                    let Some(frame) = read.map_err(|e| e.to_string())? else { return Ok(false) };
+                    let Some(frame) = read? else { return Ok(false) };
                     match NodeMessage::decode(&frame) {
                         Some(NodeMessage::Event(e)) if e.seq >= next => {
                             next = e.seq + 1;
@@ -60,7 +88,7 @@ pub fn run(node: SocketAddr, scope_hex: &str, from: u64, max_events: Option<u64>
                             next = l.next_seq;
                             return Ok(false);
                         }
-                        _ => return Err("unexpected frame on the subscription".to_string()),
+                        _ => return Err(Interrupted::UnexpectedFrame),
                     }
                 }
             };

@@ -59,7 +59,7 @@ impl NodeProc {
     }
 
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        dagfold::admin::http_get(self.admin, path, Duration::from_secs(2)).ok()
+        dagfold::testkit::http_get(self.admin, path, Duration::from_secs(2)).ok()
     }
 
     pub fn identity(&self) -> ([u8; 32], [u8; 32]) {

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
+use anyhow::anyhow;
 use dagfold::core::{Cf, Config, Engine, Identity, TableScan, VerifiedOp, META_IDENTITY};
 use dagfold::protocol::codec::decode_op;
 use dagfold::protocol::{Hash, Op};
@@ -249,11 +250,10 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
 
 /// Seeds a fresh store with a node identity (so that frames files can be
 /// made before the node first runs).
-pub fn seed_identity(dir: &Path, id: &Identity) -> Result<(), String> {
-    let mut store = RocksStore::open(dir).map_err(|e| e.to_string())?;
-    store
-        .write(&[dagfold::core::Write::Put(Cf::Meta, META_IDENTITY.to_vec(), id.encode())], true)
-        .map_err(|e| e.to_string())
+pub fn seed_identity(dir: &Path, id: &Identity) -> anyhow::Result<()> {
+    let mut store = RocksStore::open(dir)?;
+    store.write(&[dagfold::core::Write::Put(Cf::Meta, META_IDENTITY.to_vec(), id.encode())], true)?;
+    Ok(())
 }
 
 pub fn identity_from(seed: u64, label: &str) -> Identity {
@@ -262,11 +262,11 @@ pub fn identity_from(seed: u64, label: &str) -> Identity {
 }
 
 /// The data ops of a frames file, in file order (id, encoded frame).
-pub fn data_ops_of_file(path: &Path) -> Result<Vec<Hash>, String> {
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub fn data_ops_of_file(path: &Path) -> anyhow::Result<Vec<Hash>> {
+    let f = std::fs::File::open(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let mut r = dagfold::durable::FileFrames::new(std::io::BufReader::new(f));
     let mut out = Vec::new();
-    while let Some(item) = r.next_frame().map_err(|e| e.to_string())? {
+    while let Some(item) = r.next_frame()? {
         if let dagfold::durable::FrameItem::Frame(frame) = item {
             if let Ok(dagfold::core::Decoded::Op { id, op, .. }) = dagfold::core::decode_frame(&frame) {
                 if op.plane == dagfold::protocol::PLANE_DATA {

@@ -11,6 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
@@ -65,7 +66,7 @@ pub struct CrashArgs {
     pub commit_ops_max: usize,
 }
 
-pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, String> {
+pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json::Value> {
     let t_all = Instant::now();
     let timeout = Duration::from_secs(a.timeout_s);
     let (dir_a, dir_b) = (work.join("a"), work.join("b"));
@@ -93,9 +94,9 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
         format!("{}:{}", hex::encode(id_a.public_key), hex::encode(id_a.kem_public)),
     ];
     let gen = crate::proc::loadgen_file(bins, work, "loadgen-file", &file, &id_b, a.ops, a.seed, &extra)?;
-    let scope_hex = gen["scope"].as_str().ok_or("loadgen file: no scope")?.to_string();
-    let root_hex = gen["root"].as_str().ok_or("loadgen file: no root")?.to_string();
-    let total_ops = gen["ops"].as_u64().ok_or("loadgen file: no ops")?;
+    let scope_hex = gen["scope"].as_str().context("loadgen file: no scope")?.to_string();
+    let root_hex = gen["root"].as_str().context("loadgen file: no root")?.to_string();
+    let total_ops = gen["ops"].as_u64().context("loadgen file: no ops")?;
     let scope: [u8; 32] = dagfold::protocol::parse_hash_hex(&scope_hex).unwrap();
     let data_ids = data_ops_of_file(&file)?;
     let events_expected = data_ids.len() as u64; // one event per data op

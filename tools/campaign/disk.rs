@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, Context};
 use serde_json::json;
 
 use crate::check::{check_store, identity_from, seed_identity};
@@ -47,14 +48,14 @@ pub struct DiskArgs {
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    fn mount(at: &Path, mb: u64) -> Result<Tmpfs, String> {
-        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
+    fn mount(at: &Path, mb: u64) -> anyhow::Result<Tmpfs> {
+        std::fs::create_dir_all(at)?;
         let out = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={mb}m"), "tmpfs", &at.display().to_string()])
             .output()
-            .map_err(|e| format!("mount: {e}"))?;
+            .map_err(|e| anyhow!("mount: {e}"))?;
         if !out.status.success() {
-            return Err(format!("mount: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(anyhow!("mount: {}", String::from_utf8_lossy(&out.stderr).trim()));
         }
         Ok(Tmpfs(at.to_path_buf()))
     }
@@ -72,10 +73,10 @@ impl Drop for Tmpfs {
 
 /// Fills the filesystem of `dir` with `dir/filler`, then gives back
 /// `free_kb`. Returns the filler's size.
-fn fill(dir: &Path, free_kb: u64) -> Result<u64, String> {
+fn fill(dir: &Path, free_kb: u64) -> anyhow::Result<u64> {
     use std::io::Write;
     let path = dir.join("filler");
-    let mut f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+    let mut f = std::fs::File::create(&path)?;
     let chunk = vec![0xA5u8; 64 << 10];
     let mut written = 0u64;
     loop {
@@ -83,19 +84,19 @@ fn fill(dir: &Path, free_kb: u64) -> Result<u64, String> {
             Ok(0) => break,
             Ok(n) => written += n as u64,
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-            Err(e) => return Err(format!("filling: {e}")),
+            Err(e) => return Err(anyhow!("filling: {e}")),
         }
         if written > 64 << 30 {
-            return Err("the filesystem does not fill".into());
+            return Err(anyhow!("the filesystem does not fill"));
         }
     }
     let keep = written.saturating_sub(free_kb * 1024);
-    f.set_len(keep).map_err(|e| e.to_string())?;
-    f.sync_all().map_err(|e| e.to_string())?;
+    f.set_len(keep)?;
+    f.sync_all()?;
     Ok(keep)
 }
 
-pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, String> {
+pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json::Value> {
     let t_all = Instant::now();
     let timeout = Duration::from_secs(a.timeout_s);
     let mut problems: Vec<String> = Vec::new();
@@ -112,7 +113,7 @@ pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, 
                 ("efbig", None)
             }
         },
-        other => return Err(format!("--fault takes enospc, efbig or auto, not {other:?}")),
+        other => return Err(anyhow!("--fault takes enospc, efbig or auto, not {other:?}")),
     };
     let dir_a = if tmpfs.is_some() { mount_at.join("a") } else { work.join("a") };
     let dir_b = work.join("b");
@@ -132,9 +133,9 @@ pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, 
     let file = work.join("load.frames");
     let extra = ["--extra-recipient".to_string(), format!("{}:{}", hex::encode(id_b.public_key), hex::encode(id_b.kem_public))];
     let gen = crate::proc::loadgen_file(bins, work, "loadgen-file", &file, &id_a, a.ops, a.seed, &extra)?;
-    let scope_hex = gen["scope"].as_str().ok_or("no scope")?.to_string();
-    let root_hex = gen["root"].as_str().ok_or("no root")?.to_string();
-    let total_ops = gen["ops"].as_u64().ok_or("no ops")?;
+    let scope_hex = gen["scope"].as_str().context("no scope")?.to_string();
+    let root_hex = gen["root"].as_str().context("no root")?.to_string();
+    let total_ops = gen["ops"].as_u64().context("no ops")?;
     let scope: [u8; 32] = dagfold::protocol::parse_hash_hex(&scope_hex).unwrap();
 
     let filler = match &tmpfs {
@@ -235,11 +236,11 @@ pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, 
             node.stop(Duration::from_secs(30));
             format!("opened; refusing = {r:?} after 2 s")
         }
-        Err(e) => format!("did not start: {}", crate::proc::tail(e, 3)),
+        Err(e) => format!("did not start: {}", crate::proc::tail(&e.to_string(), 3)),
     };
     // Space returns.
     if let (Some(t), Some(_)) = (&tmpfs, filler) {
-        std::fs::remove_file(t.0.join("filler")).map_err(|e| format!("removing the filler: {e}"))?;
+        std::fs::remove_file(t.0.join("filler")).map_err(|e| anyhow!("removing the filler: {e}"))?;
     }
     node.file_size_limit = None;
     let offline = check_store(&dir_a, Some(scope), false);

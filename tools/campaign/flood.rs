@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, Context};
 use dagfold::net::ServerConfig;
 use dagfold::protocol::node::*;
 use dagfold::protocol::{Hash, Op, PLANE_DATA};
@@ -147,7 +148,7 @@ impl Ctx {
         self.stop.load(Ordering::Relaxed)
     }
     fn metric(&self, name: &str, label: Option<&str>) -> f64 {
-        dagfold::admin::http_get(self.admin, "/metrics", Duration::from_secs(5))
+        dagfold::testkit::http_get(self.admin, "/metrics", Duration::from_secs(5))
             .map(|(_, t)| metric_in(&t, name, label))
             .unwrap_or(0.0)
     }
@@ -205,7 +206,7 @@ fn make_orphans(n: usize, seed: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
-pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value, String> {
+pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json::Value> {
     let sz = Arc::new(Sizes::of(a));
     let kinds: Vec<String> = if a.kind == "all" {
         ["orphans", "garbage", "stall", "connections", "subscribers", "sync"].iter().map(|s| s.to_string()).collect()
@@ -214,14 +215,14 @@ pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
     };
     for k in &kinds {
         if !KINDS.contains(&k.as_str()) {
-            return Err(format!("unknown flood kind {k:?} (one of {KINDS:?})"));
+            return Err(anyhow!("unknown flood kind {k:?} (one of {KINDS:?})"));
         }
     }
     // One identity for every run, so that one pair of frames files serves.
     let id = identity_from(a.seed, "flood");
     let template = work.join("template");
     seed_identity(&template, &id)?;
-    let file_of = |name: &str, ops: usize, seed: u64| -> Result<serde_json::Value, String> {
+    let file_of = |name: &str, ops: usize, seed: u64| -> anyhow::Result<serde_json::Value> {
         let path = work.join(format!("{name}.frames"));
         let mut v = crate::proc::loadgen_file(bins, work, &format!("loadgen-file-{name}"), &path, &id, ops, seed, &[])?;
         v["path"] = json!(path.display().to_string());
@@ -232,10 +233,9 @@ pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
     let valid = file_of("valid", sz.valid, a.seed * 2 + 2)?;
     let import = std::process::Command::new(&bins.dagfold)
         .args(["import", "--data-dir", &template.display().to_string(), quiet["path"].as_str().unwrap()])
-        .output()
-        .map_err(|e| e.to_string())?;
+        .output()?;
     if !import.status.success() {
-        return Err(format!("import of the preloaded scope failed: {}", String::from_utf8_lossy(&import.stderr)));
+        return Err(anyhow!("import of the preloaded scope failed: {}", String::from_utf8_lossy(&import.stderr)));
     }
     let quiet_scope = h32(quiet["scope"].as_str().unwrap());
     let orphans = Arc::new(if kinds.iter().any(|k| k == "orphans") {
@@ -256,13 +256,13 @@ pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> Result<serde_json::Value,
             let label = if flooded { "flood" } else { "clean" };
             eprintln!("flood campaign: {kind}: {label} run");
             let dir = work.join(format!("{kind}-{label}"));
-            copy_dir(&template, &dir).map_err(|e| format!("copying the template store: {e}"))?;
+            copy_dir(&template, &dir).map_err(|e| anyhow!("copying the template store: {e}"))?;
             let r = one_run(a, bins, work, kind, flooded, &dir, &sz, &valid, quiet_scope, &orphans);
             match r {
                 Ok(v) => runs.push(v),
                 Err(e) => {
                     problems.push(format!("{kind} {label}: {e}"));
-                    runs.push(json!({"error": e}));
+                    runs.push(json!({"error": e.to_string()}));
                 }
             }
         }
@@ -313,7 +313,7 @@ fn one_run(
     valid: &serde_json::Value,
     quiet_scope: Hash,
     orphans: &Arc<Vec<Vec<u8>>>,
-) -> Result<serde_json::Value, String> {
+) -> anyhow::Result<serde_json::Value> {
     let label = if flooded { "flood" } else { "clean" };
     let mut node = NodeProc::new(&format!("{kind}-{label}"), &bins.dagfold, dir, &work.join(format!("{kind}-{label}.log")), &node_flags(kind, sz));
     node.start(Duration::from_secs(60))?;
@@ -321,7 +321,7 @@ fn one_run(
     let quiet_heads: Vec<Hash> = node
         .scope(&quiet_scope)
         .and_then(|s| s["data_heads"].as_array().map(|a| a.iter().map(|h| h32(h.as_str().unwrap())).collect()))
-        .ok_or("the preloaded scope is missing")?;
+        .context("the preloaded scope is missing")?;
     let ctx = Ctx {
         node: node.listen,
         admin: node.admin,
@@ -482,15 +482,15 @@ async fn flood(kind: &str, ctx: Ctx) -> serde_json::Value {
     r.unwrap_or_else(|e| json!({"problems": [format!("the flood failed: {e}")]}))
 }
 
-fn endpoint(cfg: &ServerConfig) -> Result<quinn::Endpoint, String> {
-    dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), cfg).map_err(|e| e.to_string())
+fn endpoint(cfg: &ServerConfig) -> anyhow::Result<quinn::Endpoint> {
+    dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), cfg).map_err(anyhow::Error::from)
 }
 
-async fn connect(ep: &quinn::Endpoint, addr: SocketAddr) -> Result<quinn::Connection, String> {
+async fn connect(ep: &quinn::Endpoint, addr: SocketAddr) -> anyhow::Result<quinn::Connection> {
     match tokio::time::timeout(Duration::from_secs(10), dagfold::net::connect(ep, addr)).await {
         Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("connect timed out".into()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(anyhow!("connect timed out")),
     }
 }
 
@@ -503,7 +503,7 @@ fn framed(content: &[u8]) -> Vec<u8> {
 /// Orphans on 2 connections × 4 streams, pass after pass until stopped
 /// (the first pass is the planned amount). Then: every orphan verified,
 /// most evicted, the buffer within its bound.
-async fn orphans_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
+async fn orphans_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     let ep = endpoint(&ServerConfig::default())?;
     let n = ctx.orphans.len();
     let mut passes = 0u64;
@@ -517,24 +517,24 @@ async fn orphans_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
                 let lane = c * 4 + s;
                 let (conn, ctx) = (conn.clone(), ctx.clone());
                 tasks.push(tokio::spawn(async move {
-                    let mut st = conn.open_uni().await.map_err(|e| e.to_string())?;
+                    let mut st = conn.open_uni().await?;
                     let mut i = lane;
                     while i < ctx.orphans.len() {
                         if passes_stop(&ctx) {
                             break;
                         }
-                        dagfold::net::write_frame(&mut st, &ctx.orphans[i]).await.map_err(|e| e.to_string())?;
+                        dagfold::net::write_frame(&mut st, &ctx.orphans[i]).await?;
                         ctx.progress.fetch_add(1, Ordering::Relaxed);
                         i += 8;
                     }
                     let _ = st.finish();
                     let _ = tokio::time::timeout(Duration::from_secs(60), st.stopped()).await;
-                    Ok::<(), String>(())
+                    Ok::<(), anyhow::Error>(())
                 }));
             }
         }
         for t in tasks {
-            t.await.map_err(|e| e.to_string())??;
+            t.await??;
         }
         passes += 1;
         if passes == 1 {
@@ -657,7 +657,7 @@ fn bad_op_frames(seed: u64) -> (Vec<u8>, Vec<u8>) {
 /// 32 tasks on 4 connections; each item on its own stream, finished, and
 /// the node's answer awaited: STOP_SENDING with ERR_MALFORMED for garbage
 /// (counted here per reason and compared with the node's counters).
-async fn garbage_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
+async fn garbage_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     let ep = endpoint(&ServerConfig::default())?;
     let planned = ctx.sizes.garbage as u64;
     let (dup, bad_sig) = bad_op_frames(ctx.seed);
@@ -683,7 +683,7 @@ async fn garbage_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
                     let (reason, bytes) = garbage_item(i, &mut rng, &dup);
                     let mut st = match conn.open_uni().await {
                         Ok(s) => s,
-                        Err(e) => return Err(e.to_string()),
+                        Err(e) => return Err(e.into()),
                     };
                     let bytes = if reason == "bad_signature" { framed(&bad_sig) } else { bytes };
                     // The node may stop the stream before it is all written.
@@ -703,12 +703,12 @@ async fn garbage_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
                     *counts.lock().unwrap().entry(key).or_default() += 1;
                     ctx.progress.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok::<(), String>(())
+                Ok::<(), anyhow::Error>(())
             }));
         }
     }
     for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
+        t.await??;
     }
     let counts = counts.lock().unwrap().clone();
     let get = |k: &str| counts.get(k).copied().unwrap_or(0) as f64;
@@ -744,7 +744,7 @@ async fn garbage_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
 /// Streams that declare a maximum frame, send one byte of it and stall,
 /// holding the node's frame byte budget, re-opened as the node times
 /// them out.
-async fn stall_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
+async fn stall_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     let ep = endpoint(&ServerConfig::default())?;
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -788,7 +788,7 @@ async fn stall_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
 
 /// 96 workers on 4 endpoints, each connecting, sending one duplicate frame
 /// on half of its connections, and closing, against `--connections-max 64`.
-async fn connections_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
+async fn connections_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     let planned = ctx.sizes.connections as u64;
     let eps: Vec<quinn::Endpoint> = (0..4).map(|_| endpoint(&ServerConfig::default())).collect::<Result<_, _>>()?;
     let attempts = Arc::new(AtomicU64::new(0));
@@ -815,7 +815,7 @@ async fn connections_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
                         conn.close(0u32.into(), b"bye");
                         "connected"
                     }
-                    Err(e) if e.contains("refused") => "refused",
+                    Err(e) if e.to_string().contains("refused") => "refused",
                     Err(_) => "failed",
                 };
                 *outcome.lock().unwrap().entry(key).or_default() += 1;
@@ -853,7 +853,7 @@ async fn connections_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
 /// behind within the valid load), a quarter as many on the quiet scope;
 /// and one on the valid scope that stops reading, then reads on once the
 /// node counted a lagged subscriber, and must find a `Lagged`.
-async fn subscribers_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
+async fn subscribers_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     let small = ServerConfig { stream_receive_window_bytes: 64 << 10, connection_receive_window_bytes: 128 << 10, ..ServerConfig::default() };
     let n = ctx.sizes.subscribers;
     let quiet_n = (n / 4).max(1);
@@ -863,7 +863,7 @@ async fn subscribers_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
     let eps: Vec<quinn::Endpoint> = (0..(n + quiet_n + 1).div_ceil(32))
         .map(|h| {
             let bind = SocketAddr::from(([127, 0, 1, 1 + h as u8], 0));
-            dagfold::net::client_endpoint(bind, &small).map_err(|e| e.to_string())
+            dagfold::net::client_endpoint(bind, &small).map_err(anyhow::Error::from)
         })
         .collect::<Result<_, _>>()?;
     let ep = eps.last().expect("at least one").clone();
@@ -871,15 +871,15 @@ async fn subscribers_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
     for i in 0..n + quiet_n {
         let scope = if i < n { ctx.valid_scope } else { ctx.quiet_scope };
         let conn = connect(&eps[i / 32], ctx.node).await?;
-        let (mut w, r) = dagfold::net::open_bi(&conn).await.map_err(|e| e.to_string())?;
-        w.write(&NodeMessage::Subscribe(Subscribe { scope, from_seq: 1 }).encode()).await.map_err(|e| e.to_string())?;
+        let (mut w, r) = dagfold::net::open_bi(&conn).await?;
+        w.write(&NodeMessage::Subscribe(Subscribe { scope, from_seq: 1 }).encode()).await?;
         held.push((conn, w, r));
         ctx.progress.fetch_add(1, Ordering::Relaxed);
     }
     // The late reader.
     let conn = connect(&ep, ctx.node).await?;
-    let (mut w, mut r) = dagfold::net::open_bi(&conn).await.map_err(|e| e.to_string())?;
-    w.write(&NodeMessage::Subscribe(Subscribe { scope: ctx.valid_scope, from_seq: 1 }).encode()).await.map_err(|e| e.to_string())?;
+    let (mut w, mut r) = dagfold::net::open_bi(&conn).await?;
+    w.write(&NodeMessage::Subscribe(Subscribe { scope: ctx.valid_scope, from_seq: 1 }).encode()).await?;
     // Every subscription registered before the valid load starts.
     let deadline = Instant::now() + Duration::from_secs(60);
     while ctx.metric("dagfold_subscribers", None) < (n + quiet_n + 1) as f64 && Instant::now() < deadline {
@@ -961,7 +961,7 @@ async fn subscribers_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
 
 /// 8 requesters on 2 connections asking for the whole quiet scope in a
 /// loop: 6 read every reply to its `SyncDone`, 2 abandon theirs.
-async fn sync_flood(ctx: &Ctx) -> Result<serde_json::Value, String> {
+async fn sync_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     let ep = endpoint(&ServerConfig::default())?;
     let planned = ctx.sizes.syncs as u64;
     let requests = Arc::new(AtomicU64::new(0));

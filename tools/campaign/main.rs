@@ -65,7 +65,7 @@ fn main() -> ExitCode {
     };
     for b in [&bins.dagfold, &bins.loadgen] {
         if !b.exists() {
-            eprintln!("dagfold-campaign: {} not found (cargo build --release --bins)", b.display());
+            eprintln!("dagfold-campaign: {} not found (cargo build --release --bins --features testkit)", b.display());
             return ExitCode::from(2);
         }
     }

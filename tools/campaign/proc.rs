@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anyhow::anyhow;
 use dagfold::protocol::Hash;
 
 /// The binaries the campaigns run.
@@ -97,7 +98,7 @@ impl NodeProc {
 
     /// Spawns the process without waiting for it; returns a receiver of its
     /// first stdout line (the ready line), disconnected if it exits first.
-    fn spawn(&mut self) -> Result<std::sync::mpsc::Receiver<String>, String> {
+    fn spawn(&mut self) -> anyhow::Result<std::sync::mpsc::Receiver<String>> {
         assert!(self.child.is_none(), "{} is already running", self.name);
         let mut log = self.log_file();
         let _ = writeln!(log, "=== campaign: starting {} ===", self.name);
@@ -119,7 +120,7 @@ impl NodeProc {
                 });
             }
         }
-        let mut child = cmd.spawn().map_err(|e| format!("spawning {}: {e}", self.bin.display()))?;
+        let mut child = cmd.spawn().map_err(|e| anyhow!("spawning {}: {e}", self.bin.display()))?;
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let mut log = self.log_file();
@@ -140,7 +141,7 @@ impl NodeProc {
 
     /// Starts the node and waits until it printed its ready line and
     /// answers /v1/identity (the store opened). Returns how long it took.
-    pub fn start(&mut self, timeout: Duration) -> Result<Duration, String> {
+    pub fn start(&mut self, timeout: Duration) -> anyhow::Result<Duration> {
         let t = Instant::now();
         let rx = self.spawn()?;
         let line = match rx.recv_timeout(timeout) {
@@ -148,24 +149,24 @@ impl NodeProc {
             Err(_) => {
                 let status = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
                 self.kill();
-                return Err(format!("{} did not start (exit {status:?}); log tail:\n{}", self.name, self.log_tail(12)));
+                return Err(anyhow!("{} did not start (exit {status:?}); log tail:\n{}", self.name, self.log_tail(12)));
             }
         };
         let v: serde_json::Value =
-            serde_json::from_str(&line).map_err(|_| format!("{} printed {line:?} instead of its ready line", self.name))?;
+            serde_json::from_str(&line).map_err(|_| anyhow!("{} printed {line:?} instead of its ready line", self.name))?;
         if v["listen"].as_str() != Some(&self.listen.to_string()) {
-            return Err(format!("{} listens on {} instead of {}", self.name, v["listen"], self.listen));
+            return Err(anyhow!("{} listens on {} instead of {}", self.name, v["listen"], self.listen));
         }
         let left = timeout.saturating_sub(t.elapsed()).max(Duration::from_secs(5));
         if !wait_until(left, || self.get("/v1/identity").is_some_and(|(c, _)| c == 200)) {
-            return Err(format!("{} does not answer /v1/identity", self.name));
+            return Err(anyhow!("{} does not answer /v1/identity", self.name));
         }
         Ok(t.elapsed())
     }
 
     /// Spawns the node and SIGKILLs it after `after` (while it opens its
     /// store and restores, or just after), without waiting for it.
-    pub fn start_and_kill_early(&mut self, after: Duration) -> Result<(), String> {
+    pub fn start_and_kill_early(&mut self, after: Duration) -> anyhow::Result<()> {
         let _rx = self.spawn()?;
         std::thread::sleep(after);
         self.kill();
@@ -205,7 +206,7 @@ impl NodeProc {
     }
 
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        dagfold::admin::http_get(self.admin, path, Duration::from_secs(5)).ok()
+        dagfold::testkit::http_get(self.admin, path, Duration::from_secs(5)).ok()
     }
 
     pub fn scope(&self, scope: &Hash) -> Option<serde_json::Value> {
@@ -269,16 +270,16 @@ pub struct ToolProc {
 }
 
 impl ToolProc {
-    pub fn spawn(bin: &Path, args: &[String], out: &Path, err: &Path) -> Result<ToolProc, String> {
-        let o = std::fs::File::create(out).map_err(|e| e.to_string())?;
-        let e = std::fs::OpenOptions::new().create(true).append(true).open(err).map_err(|e| e.to_string())?;
+    pub fn spawn(bin: &Path, args: &[String], out: &Path, err: &Path) -> anyhow::Result<ToolProc> {
+        let o = std::fs::File::create(out)?;
+        let e = std::fs::OpenOptions::new().create(true).append(true).open(err)?;
         let child = Command::new(bin)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(o))
             .stderr(Stdio::from(e))
             .spawn()
-            .map_err(|e| format!("spawning {}: {e}", bin.display()))?;
+            .map_err(|e| anyhow!("spawning {}: {e}", bin.display()))?;
         Ok(ToolProc { child, out: out.to_path_buf() })
     }
 
@@ -328,7 +329,7 @@ pub fn loadgen_file(
     ops: usize,
     seed: u64,
     extra: &[String],
-) -> Result<serde_json::Value, String> {
+) -> anyhow::Result<serde_json::Value> {
     let mut args: Vec<String> = vec![
         "file".into(),
         "--out".into(),
@@ -346,14 +347,14 @@ pub fn loadgen_file(
     run_tool(&bins.loadgen, &args, Duration::from_secs(600), work, name)
 }
 
-pub fn run_tool(bin: &Path, args: &[String], timeout: Duration, dir: &Path, name: &str) -> Result<serde_json::Value, String> {
+pub fn run_tool(bin: &Path, args: &[String], timeout: Duration, dir: &Path, name: &str) -> anyhow::Result<serde_json::Value> {
     let out = dir.join(format!("{name}.out"));
     let err = dir.join(format!("{name}.err"));
     let mut p = ToolProc::spawn(bin, args, &out, &err)?;
     match p.wait(timeout) {
-        Some(st) if st.success() => p.json().ok_or_else(|| format!("{name}: no JSON output")),
-        Some(st) => Err(format!("{name} failed ({st}): {}", tail(&std::fs::read_to_string(&err).unwrap_or_default(), 8))),
-        None => Err(format!("{name} timed out after {timeout:?}")),
+        Some(st) if st.success() => p.json().ok_or_else(|| anyhow!("{name}: no JSON output")),
+        Some(st) => Err(anyhow!("{name} failed ({st}): {}", tail(&std::fs::read_to_string(&err).unwrap_or_default(), 8))),
+        None => Err(anyhow!("{name} timed out after {timeout:?}")),
     }
 }
 

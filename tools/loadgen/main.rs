@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
 use dagfold::protocol::crypto::key_id_of;
 use dagfold::protocol::*;
@@ -279,7 +280,7 @@ fn lane_of(frame: &[u8], lanes: usize) -> usize {
 }
 
 fn status(admin: SocketAddr, scope: &Hash) -> Option<serde_json::Value> {
-    let (code, body) = dagfold::admin::http_get(admin, &format!("/v1/scopes/{}", hex::encode(scope)), Duration::from_secs(5)).ok()?;
+    let (code, body) = dagfold::testkit::http_get(admin, &format!("/v1/scopes/{}", hex::encode(scope)), Duration::from_secs(5)).ok()?;
     (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
 }
 
@@ -333,13 +334,13 @@ fn invalid_ops(w: &dagfold::workload::Workload, n: usize, seed: u64) -> Vec<Vec<
         .collect()
 }
 
-fn run(a: RunArgs) -> Result<serde_json::Value, String> {
-    let (code, body) = dagfold::admin::http_get(a.to.admin, "/v1/identity", Duration::from_secs(5))
-        .map_err(|e| format!("cannot reach the node's status at {}: {e}", a.to.admin))?;
+fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
+    let (code, body) = dagfold::testkit::http_get(a.to.admin, "/v1/identity", Duration::from_secs(5))
+        .map_err(|e| anyhow!("cannot reach the node's status at {}: {e}", a.to.admin))?;
     if code != 200 {
-        return Err(format!("/v1/identity answered {code}"));
+        return Err(anyhow!("/v1/identity answered {code}"));
     }
-    let idv: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let idv: serde_json::Value = serde_json::from_str(&body)?;
     let h = |k: &str| -> [u8; 32] { parse_hash_hex(idv[k].as_str().unwrap()).unwrap() };
     let (node_pk, node_kem) = (h("public_key"), h("kem_public_key"));
     eprintln!("loadgen: generating {} ops (signing and encrypting before the timed phase)", a.ops);
@@ -378,7 +379,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
     let expected_applied = (w.messages.iter().filter(|m| m.id != ZERO).count()) as u64;
     eprintln!("loadgen: generated in {:.1} s; sending {} frames", t_gen.elapsed().as_secs_f64(), data.len() + prefix.len());
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let cpu0 = a.node_pid.and_then(cpu_seconds);
     let own_cpu0 = cpu_seconds(std::process::id());
     let lanes = a.connections.max(1) * a.streams.max(1);
@@ -389,12 +390,12 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
     let t0 = Instant::now();
     let result = rt.block_on(async {
         let ncfg = dagfold::net::ServerConfig::default();
-        let endpoint = dagfold::net::client_endpoint(a.to.bind, &ncfg).map_err(|e| e.to_string())?;
-        let first = dagfold::net::connect(&endpoint, a.to.node).await.map_err(|e| e.to_string())?;
-        dagfold::net::send_frames_uni(&first, &prefix).await.map_err(|e| e.to_string())?;
+        let endpoint = dagfold::net::client_endpoint(a.to.bind, &ncfg)?;
+        let first = dagfold::net::connect(&endpoint, a.to.node).await?;
+        dagfold::net::send_frames_uni(&first, &prefix).await?;
         let mut conns = vec![first];
         for _ in 1..a.connections.max(1) {
-            conns.push(dagfold::net::connect(&endpoint, a.to.node).await.map_err(|e| e.to_string())?);
+            conns.push(dagfold::net::connect(&endpoint, a.to.node).await?);
         }
         let data = Arc::new(data);
         let mut tasks = Vec::new();
@@ -405,7 +406,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
             let send_ms = send_ms.clone();
             let rate = a.rate;
             tasks.push(tokio::spawn(async move {
-                let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+                let mut s = conn.open_uni().await?;
                 let start = Instant::now();
                 let mut k = 0u64;
                 // Each author's ops go on one lane, in order: a causal
@@ -447,14 +448,14 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
                     for &i in &batch {
                         send_ms[i].store(now_us, Ordering::Relaxed);
                     }
-                    s.write_all(&buf).await.map_err(|e| e.to_string())?;
+                    s.write_all(&buf).await?;
                     sent.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     buf.clear();
                     batch.clear();
                 }
-                s.finish().map_err(|e| e.to_string())?;
+                s.finish()?;
                 let _ = s.stopped().await;
-                Ok::<Vec<u64>, String>(late_us)
+                Ok::<Vec<u64>, anyhow::Error>(late_us)
             }));
         }
         // Sample the node's applied count while sending.
@@ -490,19 +491,19 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
                 break st;
             }
             if Instant::now() > deadline {
-                return Err(format!("timed out with {applied}/{expected_applied} applied"));
+                return Err(anyhow!("timed out with {applied}/{expected_applied} applied"));
             }
             tokio::time::sleep(Duration::from_millis(a.sample_ms)).await;
         };
         let mut late_us: Vec<u64> = Vec::new();
         for t in tasks {
-            late_us.extend(t.await.map_err(|e| e.to_string())??);
+            late_us.extend(t.await??);
         }
-        Ok::<_, String>((final_status, samples, peak_rss_kb, rss_series, request_us, late_us))
+        Ok::<_, anyhow::Error>((final_status, samples, peak_rss_kb, rss_series, request_us, late_us))
     });
     let elapsed = t0.elapsed();
     let (final_status, samples, peak_rss_kb, rss_series, request_us, late_us) = result?;
-    let final_status = final_status.ok_or("no status")?;
+    let final_status = final_status.context("no status")?;
     let root_ok = final_status["root"] == hex::encode(w.final_root);
     // Latency: the i-th data frame (in send order) counts as applied at the
     // first sample whose applied count exceeds its position. Exact for
@@ -561,7 +562,7 @@ fn run(a: RunArgs) -> Result<serde_json::Value, String> {
         "send_late_p99_ms": p99_ms(late_us),
     });
     if !root_ok {
-        return Err(format!("root mismatch: node {} vs fold {}; report {report}", final_status["root"], hex::encode(w.final_root)));
+        return Err(anyhow!("root mismatch: node {} vs fold {}; report {report}", final_status["root"], hex::encode(w.final_root)));
     }
     Ok(report)
 }
@@ -690,13 +691,13 @@ struct FramesFile {
     ops: u64,
 }
 
-fn read_frames_file(path: &std::path::Path) -> Result<FramesFile, String> {
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn read_frames_file(path: &std::path::Path) -> anyhow::Result<FramesFile> {
+    let f = std::fs::File::open(path).map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
     let mut r = dagfold::durable::FileFrames::new(std::io::BufReader::new(f));
     let (mut prefix, mut data) = (Vec::new(), Vec::new());
     let mut ids = std::collections::HashSet::new();
-    while let Some(item) = r.next_frame().map_err(|e| e.to_string())? {
-        let dagfold::durable::FrameItem::Frame(frame) = item else { return Err("oversized frame in the file".into()) };
+    while let Some(item) = r.next_frame()? {
+        let dagfold::durable::FrameItem::Frame(frame) = item else { return Err(anyhow!("oversized frame in the file")) };
         match dagfold::core::decode_frame(&frame) {
             Ok(dagfold::core::Decoded::Op { id, op, .. }) => {
                 ids.insert(id);
@@ -732,7 +733,7 @@ fn first_unapplied(file: &FramesFile, index: &std::collections::HashMap<Hash, us
     covered.iter().position(|c| !c).unwrap_or(file.data.len())
 }
 
-fn send(a: SendArgs) -> Result<serde_json::Value, String> {
+fn send(a: SendArgs) -> anyhow::Result<serde_json::Value> {
     let mut file = read_frames_file(&a.file)?;
     if a.shuffle_window > 1 {
         let order = shuffle_within_windows(file.data.len(), a.shuffle_window, a.seed);
@@ -740,20 +741,20 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
         file.data = order.into_iter().map(|i| data[i].take().expect("a permutation")).collect();
     }
     let index: std::collections::HashMap<Hash, usize> = file.data.iter().enumerate().map(|(i, d)| (d.0, i)).collect();
-    let h = |s: &str| -> Result<Hash, String> { parse_hash_hex(s).ok_or(format!("not 64 hex characters: {s:?}")) };
+    let h = |s: &str| -> anyhow::Result<Hash> { parse_hash_hex(s).ok_or_else(|| anyhow!("not 64 hex characters: {s:?}")) };
     let scope = a.scope.as_deref().map(h).transpose()?;
     let root = a.root.as_deref().map(h).transpose()?;
     let target = match (scope, root) {
         (Some(s), Some(r)) => Some((s, r)),
         (None, None) => None,
-        _ => return Err("--scope and --root go together".into()),
+        _ => return Err(anyhow!("--scope and --root go together")),
     };
     let want_ops = file.ops;
     let done = |st: &Option<serde_json::Value>| -> bool {
         let (Some((_, r)), Some(st)) = (target, st) else { return false };
         st["root"] == hex::encode(r) && st["applied"].as_u64() == Some(want_ops)
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(a.timeout_s);
     let (mut attempts, mut lost, mut resends, mut frames_sent) = (0u64, 0u64, 0u64, 0u64);
@@ -763,10 +764,10 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
     let file = Arc::new(file);
     rt.block_on(async {
         let ncfg = dagfold::net::ServerConfig::default();
-        let endpoint = dagfold::net::client_endpoint(a.to.bind, &ncfg).map_err(|e| e.to_string())?;
+        let endpoint = dagfold::net::client_endpoint(a.to.bind, &ncfg)?;
         loop {
             if Instant::now() > deadline {
-                return Err(format!(
+                return Err(anyhow!(
                     "timed out after {attempts} attempts; last error: {last_error:?}; status: {final_status:?}"
                 ));
             }
@@ -790,14 +791,14 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
                 let endpoint = endpoint.clone();
                 let (node, rate, streams) = (a.to.node, a.rate, a.streams.max(1));
                 async move {
-                    let conn = dagfold::net::connect(&endpoint, node).await.map_err(|e| e.to_string())?;
-                    dagfold::net::send_frames_uni(&conn, &file.prefix).await.map_err(|e| e.to_string())?;
+                    let conn = dagfold::net::connect(&endpoint, node).await?;
+                    dagfold::net::send_frames_uni(&conn, &file.prefix).await?;
                     sent.fetch_add(file.prefix.len() as u64, Ordering::Relaxed);
                     let mut tasks = Vec::new();
                     for lane in 0..streams {
                         let (conn, file, sent) = (conn.clone(), file.clone(), sent.clone());
                         tasks.push(tokio::spawn(async move {
-                            let mut s = conn.open_uni().await.map_err(|e| e.to_string())?;
+                            let mut s = conn.open_uni().await?;
                             let per_lane = if rate == 0 { 0.0 } else { rate as f64 / streams as f64 };
                             let began = Instant::now();
                             let mut k = 0u64;
@@ -810,36 +811,36 @@ fn send(a: SendArgs) -> Result<serde_json::Value, String> {
                                         tokio::time::sleep(due - el).await;
                                     }
                                 }
-                                dagfold::net::write_frame(&mut s, &file.data[i].2).await.map_err(|e| e.to_string())?;
+                                dagfold::net::write_frame(&mut s, &file.data[i].2).await?;
                                 sent.fetch_add(1, Ordering::Relaxed);
                                 k += 1;
                                 i += streams;
                             }
-                            s.finish().map_err(|e| e.to_string())?;
+                            s.finish()?;
                             match s.stopped().await {
                                 Ok(None) => Ok(()),
-                                Ok(Some(code)) => Err(format!("stream stopped by the node with code {code}")),
-                                Err(e) => Err(format!("not acknowledged: {e}")),
+                                Ok(Some(code)) => Err(anyhow!("stream stopped by the node with code {code}")),
+                                Err(e) => Err(anyhow!("not acknowledged: {e}")),
                             }
                         }));
                     }
                     for t in tasks {
-                        t.await.map_err(|e| e.to_string())??;
+                        t.await??;
                     }
                     conn.close(0u32.into(), b"sent");
-                    Ok::<(), String>(())
+                    Ok::<(), anyhow::Error>(())
                 }
             };
             let left = deadline.saturating_duration_since(Instant::now());
             let result = match tokio::time::timeout(left, attempt).await {
                 Ok(r) => r,
-                Err(_) => Err("attempt timed out".to_string()),
+                Err(_) => Err(anyhow!("attempt timed out")),
             };
             frames_sent += sent.load(Ordering::Relaxed);
             if let Err(e) = result {
                 lost += 1;
                 eprintln!("loadgen send: attempt {attempts} from data op {start} failed ({e}); retrying");
-                last_error = Some(e);
+                last_error = Some(e.to_string());
                 tokio::time::sleep(Duration::from_millis(a.retry_ms)).await;
                 continue;
             }
