@@ -122,7 +122,7 @@ fn stages(c: &mut Criterion) {
         })
     });
     // A chain: every op's root is checked (SPEC §8), one at a time as the
-    // engine did before session 13, or as checkpoints computed together.
+    // engine did before baa3431, or as checkpoints computed together.
     g.throughput(Throughput::Elements(256));
     for (together, check) in [(false, true), (true, true), (false, false)] {
         let name = if !check { "no check (the fold alone)" } else if together { "checkpoints computed together" } else { "root after each" };

@@ -177,7 +177,7 @@ mod tests {
     use crate::core::types::{OpState, Outcome};
     use crate::store::Store;
 
-    /// A pending record of the layout before session 13 (seq ‖ op, the op
+    /// A pending record of the layout before 97e5c45 (seq ‖ op, the op
     /// not in the ops table) is still read: its op is pending, and applying
     /// it writes its encoding to the ops table then.
     #[test]

@@ -16,7 +16,7 @@ pub enum Cf {
     /// says which), so that a parked op's bytes are written once.
     Ops,
     /// delta_id → seq: ops buffered on a missing dependency, their bytes in
-    /// `Ops` (or, written before session 13, seq ‖ op). The by-parent index
+    /// `Ops` (or, written before 97e5c45, seq ‖ op). The by-parent index
     /// is derived from them at open.
     Pending,
     /// delta_id → seq ‖ op: governance ops waiting for their key.

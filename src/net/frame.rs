@@ -7,8 +7,10 @@
 
 use quinn::{ReadError, ReadExactError, RecvStream, SendStream, VarInt, WriteError};
 
-/// One frame's content, after its 4-byte length prefix (SPEC §7).
-pub const FRAME_CONTENT_BYTES_MAX: u32 = 1_048_576;
+/// One frame's content, after its 4-byte length prefix: SPEC §7's limit,
+/// defined once in `limits` (the transport knows the bound, not the
+/// protocol's types).
+pub const FRAME_CONTENT_BYTES_MAX: u32 = crate::limits::FRAME_BYTES_MAX;
 
 /// Size of the length prefix on the wire.
 pub const FRAME_PREFIX_BYTES: u32 = 4;

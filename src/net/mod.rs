@@ -39,3 +39,5 @@ pub use codes::{ERR_MALFORMED, ERR_NONE, ERR_SHUTDOWN, ERR_TIMEOUT};
 pub use frame::{read_frame, write_frame, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
 pub use fair::{IngestClosed, ItemSink};
 pub use server::{close_endpoint, make_endpoint, run_server, FrameDecoder, Inbound, Reply, ServerConfig};
+/// A lost connection, as the dialing side sees it.
+pub use quinn::ConnectionError;

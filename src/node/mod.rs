@@ -58,8 +58,6 @@ pub enum NodeError {
     Net(#[from] crate::net::server::NetError),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
-    #[error("{0}")]
-    Config(String),
 }
 
 

@@ -26,7 +26,7 @@ enum Interrupted {
     #[error(transparent)]
     Connect(#[from] crate::net::client::ConnectError),
     #[error(transparent)]
-    Open(#[from] quinn::ConnectionError),
+    Open(#[from] crate::net::ConnectionError),
     #[error(transparent)]
     Write(#[from] crate::net::FrameWriteError),
     #[error(transparent)]

@@ -75,7 +75,7 @@ pub enum Work {
     /// A frame that did not decode (already counted by the transport); it
     /// is passed on so that the engine's counts match `import`'s.
     Malformed,
-    /// A peer's heartbeat heads, to find what we lack (see `net::sync`).
+    /// A peer's heartbeat heads, to find what we lack (`docs/PROTOCOL.md`, "Gossip and heartbeat"; the node asks for it by sync, `node::peers`).
     Heads { peer: std::net::SocketAddr, scope: Hash, heads: Vec<Hash>, root: Hash },
 }
 
@@ -124,7 +124,7 @@ pub struct PipelineConfig {
     /// less per signature (`cargo bench --bench verify`: 36k/s at 64, 44k/s
     /// at 256 with distinct keys; in the node, causal, 7-23% less verifier
     /// CPU than at 64, half-rate p99 unchanged), and Pippenger's windows
-    /// widen with the batch: with four keys (`batch_four_keys`, session 11)
+    /// widen with the batch: with four keys (`batch_four_keys`, 2026-12-03)
     /// 200k/s at 256, 215k/s at 512, 222k/s at 1024. 512 takes most of
     /// that while a batch with a forgery in it, bisected, still re-verifies
     /// only 512 ops (~2.4 ms of a verifier at most).

@@ -252,7 +252,7 @@ fn read_gov_action(r: &mut Reader<'_>) -> Result<GovAction, DecodeError> {
     })
 }
 
-/// Decodes a `GovPayload` (borsh only; the rules of §4 are in `core::rules`).
+/// Decodes a `GovPayload` (borsh only; the rules of §4 are the engine's: `genesis_payload_ok`, `governance_payload_ok`).
 pub fn decode_gov_payload(bytes: &[u8]) -> Result<GovPayload, DecodeError> {
     let mut r = Reader::new(bytes);
     // The smallest action (RemoveMember / RotateKey) is 33 bytes.
