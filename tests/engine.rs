@@ -183,3 +183,55 @@ fn data_key_wait_expires_and_is_judged_afresh() {
     e.handle_tick(100_000);
     assert_eq!(e.op_state(&d.id), OpState::Applied, "a stale deadline does not touch an applied op");
 }
+
+/// A genesis signed by `author`: a scope of its own.
+fn genesis_by(author: &dagfold::workload::Member, name: &str) -> (Vec<u8>, Hash) {
+    let payload = encode(&GovPayload { actions: vec![GovAction::Genesis { name: name.into(), first_key_id: [7; 32] }] });
+    let mut op = Op {
+        version: 1,
+        scope: ZERO,
+        plane: 0,
+        author: author.public_key,
+        parents: Vec::new(),
+        cut: Vec::new(),
+        hlc: 1,
+        key_id: ZERO,
+        nonce: [0; 12],
+        payload,
+        signature: [0; 64],
+    };
+    dagfold::workload::sign_op(&mut op, author)
+}
+
+/// API.md, "Which scopes a node holds": under a restricted policy a genesis
+/// by a stranger is refused (counted, not remembered), one by the node
+/// itself or by an accepted author is applied, and so is one of a followed
+/// scope; following is kept in the store and survives a restart.
+#[test]
+fn geneses_follow_the_nodes_policy() {
+    use dagfold::core::GenesisPolicy;
+    use dagfold::store::{memory::MemStore, Store};
+    let w = workload(WorkloadConfig { data_ops: 5, ..Default::default() });
+    let genesis = &w.messages[0].frame;
+    let strict = Config { genesis_policy: GenesisPolicy::Authors(Vec::new()), ..Config::default() };
+    let mut store = MemStore::new();
+
+    let mut e = Engine::new(strict.clone(), node());
+    assert_eq!(e.handle_frame(genesis, 0), Outcome::GenesisRefused, "a stranger's genesis");
+    assert_eq!(e.op_state(&w.scope), OpState::Unknown, "a refused genesis is not remembered");
+    assert_eq!(e.stats.genesis_refused, 1);
+    let me = dagfold::workload::Member { seed: [5; 32], public_key: node().public_key };
+    let (own, own_id) = genesis_by(&me, "mine");
+    assert_eq!(e.handle_frame(&own, 0), Outcome::Applied, "the node's own genesis");
+    assert_eq!(e.op_state(&own_id), OpState::Applied);
+    e.follow(w.scope);
+    store.write(&e.take_commit().writes, true).unwrap();
+    assert_eq!(e.handle_frame(genesis, 0), Outcome::Applied, "a followed scope's genesis");
+
+    let restored = Engine::restore(strict, node(), &store, None, 0);
+    assert!(restored.follows(&w.scope), "following is durable");
+
+    let trusted = Config { genesis_policy: GenesisPolicy::Authors(vec![w.admin.public_key]), ..Config::default() };
+    let mut e = Engine::new(trusted, node());
+    assert_eq!(e.handle_frame(genesis, 0), Outcome::Applied, "an accepted author's genesis");
+}

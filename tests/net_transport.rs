@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -14,7 +13,7 @@ use dagfold::net::fair::TURN_ITEMS;
 use dagfold::net::frame::{read_frame, FrameError};
 use dagfold::net::server::{ConfigError, FRAME_CHARGE_OVERHEAD_BYTES};
 use dagfold::net::{
-    client_endpoint, connect, make_endpoint, open_bi, run_server, send_frames_uni, tls, FrameDecoder, Inbound,
+    client_endpoint, connect, connect_peer, identity_cert, make_endpoint, open_bi, run_server, send_frames_uni, tls, FrameDecoder, Inbound, PeerAddr,
     ServerConfig, ERR_MALFORMED,
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -81,7 +80,7 @@ impl TestServer {
     async fn start(cfg: ServerConfig, channel_capacity: usize) -> TestServer {
         let tls_dir = tempfile::tempdir().expect("tempdir");
         let cfg = ServerConfig { listen: loopback(), ..cfg };
-        let endpoint = make_endpoint(&cfg, tls_dir.path()).expect("make_endpoint");
+        let endpoint = make_endpoint(&cfg, tls_dir.path(), &identity_cert(&[9u8; 32]).expect("cert")).expect("make_endpoint");
         let addr = endpoint.local_addr().expect("local addr");
         let decoder = Arc::new(ZeroFirst::default());
         let (tx, items) = mpsc::channel(channel_capacity);
@@ -533,7 +532,7 @@ async fn connections_beyond_the_limit_are_refused() {
 async fn framing_edge_cases() {
     let tls_dir = tempfile::tempdir().expect("tempdir");
     let cfg = ServerConfig { listen: loopback(), ..ServerConfig::default() };
-    let server = make_endpoint(&cfg, tls_dir.path()).expect("server endpoint");
+    let server = make_endpoint(&cfg, tls_dir.path(), &identity_cert(&[9u8; 32]).expect("cert")).expect("server endpoint");
     let addr = server.local_addr().expect("addr");
     let client = client_endpoint(loopback(), &cfg).expect("client endpoint");
     let accept = tokio::spawn(async move {
@@ -636,44 +635,46 @@ async fn framing_edge_cases() {
     }
 }
 
+/// SPEC §10: the server proves its identity key; a client that dials that
+/// key (`KEY@ADDR`) connects, one that dials another key is refused in the
+/// handshake; a client's key is proved to the server, or it is anonymous.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_certificate_persists_across_endpoints() {
+async fn identities_are_proved_in_the_handshake() {
     let tls_dir = tempfile::tempdir().expect("tempdir");
     let cfg = ServerConfig { listen: loopback(), ..ServerConfig::default() };
-    let read = |dir: &Path| {
-        (
-            std::fs::read(dir.join(tls::CERT_FILE)).expect("cert.der"),
-            std::fs::read(dir.join(tls::KEY_FILE)).expect("key.der"),
-        )
-    };
-
-    let first = make_endpoint(&cfg, tls_dir.path()).expect("first endpoint");
-    let made = read(tls_dir.path());
-    first.close(VarInt::from_u32(0), b"");
-    drop(first);
-    let second = make_endpoint(&cfg, tls_dir.path()).expect("second endpoint");
-    assert_eq!(read(tls_dir.path()), made, "the same certificate and key are reused");
-    assert_eq!(tls::load_or_create_cert(tls_dir.path()).expect("load").cert.as_ref(), &made.0[..]);
-
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(tls_dir.path().join(tls::KEY_FILE)).expect("key meta").permissions().mode();
-        assert_eq!(mode & 0o077, 0, "the key is private to its owner");
-    }
-
-    // The persisted certificate serves: a client completes a handshake.
-    let addr = second.local_addr().expect("addr");
-    let accept = tokio::spawn(async move {
-        let incoming = second.accept().await.expect("incoming");
-        let conn = incoming.await.expect("handshake");
-        (second, conn)
+    let public = |seed: [u8; 32]| ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key().to_bytes();
+    let (server_seed, client_seed) = ([1u8; 32], [2u8; 32]);
+    let server = make_endpoint(&cfg, tls_dir.path(), &identity_cert(&server_seed).expect("cert")).expect("server endpoint");
+    let addr = server.local_addr().expect("addr");
+    let accepts = tokio::spawn(async move {
+        let mut keys = Vec::new();
+        // Two handshakes complete; the one dialing another key never does.
+        while keys.len() < 2 {
+            let incoming = server.accept().await.expect("incoming");
+            if let Ok(conn) = incoming.await {
+                keys.push(tls::peer_key(&conn));
+                std::mem::forget(conn);
+            }
+        }
+        (server, keys)
     });
-    let client = client_endpoint(loopback(), &cfg).expect("client");
-    let conn = timeout(WAIT, connect(&client, addr)).await.expect("in time").expect("connect");
-    let (_second, _server_conn) = timeout(WAIT, accept).await.expect("in time").expect("accepted");
+
+    let me = identity_cert(&client_seed).expect("client cert");
+    let client = dagfold::net::client::client_endpoint_as(loopback(), &cfg, Some(&me)).expect("client");
+    let right = PeerAddr { key: Some(public(server_seed)), addr };
+    let conn = timeout(WAIT, connect_peer(&client, &cfg, Some(&me), &right)).await.expect("in time").expect("the right key connects");
+    assert_eq!(tls::peer_key(&conn), Some(public(server_seed)), "the client learns the server's key");
     let alpn = conn.handshake_data().and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok());
     assert_eq!(alpn.and_then(|d| d.protocol), Some(tls::ALPN.to_vec()));
+
+    let wrong = PeerAddr { key: Some(public([3u8; 32])), addr };
+    let refused = timeout(WAIT, connect_peer(&client, &cfg, Some(&me), &wrong)).await.expect("in time");
+    assert!(refused.is_err(), "a dial of another key fails: {refused:?}");
+
+    let anonymous = client_endpoint(loopback(), &cfg).expect("anonymous client");
+    let _anon = timeout(WAIT, connect(&anonymous, addr)).await.expect("in time").expect("an anonymous client connects");
+    let (_server, keys) = timeout(WAIT, accepts).await.expect("in time").expect("accepted");
+    assert_eq!(keys, vec![Some(public(client_seed)), None], "the server sees the client's key, then none");
 }
 
 struct FakeStatus {

@@ -139,13 +139,14 @@ fn three_nodes_converge_by_heartbeat_and_sync() {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let listens: Vec<_> = (0..3).map(|_| loopback(free_port())).collect();
     let admins: Vec<_> = (0..3).map(|_| loopback(free_port())).collect();
+    let keys: Vec<String> = dirs.iter().map(|d| identity_key(d.path())).collect();
     let nodes: Vec<NodeProc> = (0..3)
         .map(|i| {
             let mut extra = vec!["--heartbeat-ms".to_string(), "200".into()];
             for j in 0..3 {
                 if j != i {
                     extra.push("--peer".into());
-                    extra.push(listens[j].to_string());
+                    extra.push(format!("{}@{}", keys[j], listens[j]));
                 }
             }
             NodeProc::start(dirs[i].path(), listens[i], admins[i], &extra)
@@ -173,8 +174,9 @@ fn three_nodes_converge_by_heartbeat_and_sync() {
 fn sigkilled_node_restarts_and_converges_with_its_peer() {
     let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (l0, l1) = (loopback(free_port()), loopback(free_port()));
-    let n0 = NodeProc::start(d0.path(), l0, loopback(free_port()), &["--peer".into(), l1.to_string(), "--heartbeat-ms".into(), "200".into()]);
-    let mut n1 = NodeProc::start(d1.path(), l1, loopback(free_port()), &["--peer".into(), l0.to_string(), "--heartbeat-ms".into(), "200".into()]);
+    let (p0, p1) = (peer_flags(d0.path(), l0), peer_flags(d1.path(), l1));
+    let n0 = NodeProc::start(d0.path(), l0, loopback(free_port()), &[&p1[..], &["--heartbeat-ms".into(), "200".into()]].concat());
+    let mut n1 = NodeProc::start(d1.path(), l1, loopback(free_port()), &[&p0[..], &["--heartbeat-ms".into(), "200".into()]].concat());
     let w = workload_for(&n0, &WorkloadConfig { seed: 5, data_ops: 3000, writers: 2, ..Default::default() });
     let keys = deliveries_for(&w, &[&n1]);
     let all: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
@@ -203,16 +205,22 @@ fn sigkilled_node_restarts_and_converges_with_its_peer() {
 #[test]
 fn a_restarted_node_asks_its_peer_for_what_its_pending_ops_wait_on() {
     let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let n0 = start_node(d0.path(), &[]);
+    let mut n0 = start_node(d0.path(), &[]);
     let w = workload_for(&n0, &WorkloadConfig { seed: 12, data_ops: 600, chain: true, writers: 1, ..Default::default() });
     let all: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
     send_frames(n0.listen, &all, 1, 1);
     let total = w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64;
     assert!(wait_until(Duration::from_secs(30), || n0.scope(&w.scope).is_some_and(|s| s["applied"] == total)));
+    // Node 0 serves node 1 once it knows node 1 by key (node 1 is no member:
+    // SPEC §10); restarted so, it has nothing queued to gossip to it.
+    let l1 = loopback(free_port());
+    let p1 = peer_flags(d1.path(), l1);
+    n0.stop();
+    let n0 = NodeProc::start(d0.path(), n0.listen, n0.admin, &p1);
 
     // Node 1, alone: everything but ten ops in the middle of the chain, so
     // the rest of the chain is pending.
-    let mut n1 = start_node(d1.path(), &[]);
+    let mut n1 = NodeProc::start(d1.path(), l1, loopback(free_port()), &[]);
     let keys = deliveries_for(&w, &[&n1]);
     let first_data = w.messages.iter().position(|m| m.is_data);
     let gap = first_data.expect("data ops") + 100;
@@ -225,7 +233,7 @@ fn a_restarted_node_asks_its_peer_for_what_its_pending_ops_wait_on() {
         d1.path(),
         n1.listen,
         n1.admin,
-        &["--peer".into(), n0.listen.to_string(), "--heartbeat-ms".into(), "200".into()],
+        &["--peer".into(), format!("{}@{}", hex::encode(n0.identity().0), n0.listen), "--heartbeat-ms".into(), "200".into()],
     );
     let ok = wait_until(Duration::from_secs(30), || {
         n1.scope(&w.scope).is_some_and(|s| s["root"] == hex::encode(w.final_root) && s["applied"] == total)
@@ -243,8 +251,13 @@ fn subscriber_sees_every_event_once_across_reconnect_and_restart() {
     // The genesis first, so the subscription has a scope.
     let (head, tail) = all.split_at(all.len() / 2);
     send_frames(n.listen, head, 1, 1);
+    // The subscriber proves a writer's key: a member (SPEC §10).
+    let key_file = dir.path().join("writer.key");
+    std::fs::write(&key_file, hex::encode(w.writers[0].seed)).unwrap();
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let sub = std::process::Command::new(env!("CARGO_BIN_EXE_dagfold"))
         .args(["subscribe", "--node", &n.listen.to_string(), "--scope", &hex::encode(w.scope)])
+        .args(["--identity", key_file.to_str().unwrap()])
         .args(["--max-events", &expected_events.to_string(), "--idle-exit-ms", "30000"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())

@@ -104,11 +104,16 @@ fn a_subscription_to_a_quiet_scope_is_released_when_its_client_leaves() {
     use dagfold::protocol::node::{NodeMessage, Subscribe};
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &[]);
+    // The client proves a key the node takes as a peer's (served every
+    // scope, SPEC §10; its address is one nothing listens on).
+    let seed = [0x42u8; 32];
+    let peer = format!("{}@127.0.0.1:1", hex::encode(dagfold::node::subscribe::public_key_of(&seed)));
+    let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &["--peer".into(), peer]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let cfg = dagfold::net::ServerConfig::default();
     rt.block_on(async {
-        let endpoint = dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), &cfg).unwrap();
+        let me = dagfold::net::identity_cert(&seed).unwrap();
+        let endpoint = dagfold::net::client::client_endpoint_as("127.0.0.1:0".parse().unwrap(), &cfg, Some(&me)).unwrap();
         let mut conns = Vec::new();
         for i in 0..3u8 {
             let conn = tokio::time::timeout(Duration::from_secs(10), dagfold::net::connect(&endpoint, n.listen)).await.unwrap().unwrap();

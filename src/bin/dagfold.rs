@@ -47,9 +47,15 @@ enum Command {
     /// --from (1 is the first); resumes by itself after a disconnect, a
     /// node restart or a lag notice, without loss or repetition.
     Subscribe {
-        /// The node's QUIC address.
-        #[arg(long, default_value_t = dagfold::net::ServerConfig::default().listen)]
-        node: std::net::SocketAddr,
+        /// The node's QUIC address, `HOST:PORT`, or `KEY@HOST:PORT` to abort
+        /// unless the node proves KEY (its public key, 64 hex).
+        #[arg(long, default_value_t = dagfold::net::PeerAddr { key: None, addr: dagfold::net::ServerConfig::default().listen })]
+        node: dagfold::net::PeerAddr,
+        /// A key file (64 hex: an Ed25519 seed; made, owner-only, if it does
+        /// not exist) whose identity is presented: the node serves a scope's
+        /// events only to a member's key (SPEC §10).
+        #[arg(long)]
+        identity: Option<PathBuf>,
         /// The scope id, 64 hex characters.
         #[arg(long)]
         scope: String,
@@ -98,8 +104,8 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Subscribe { node, scope, from, max_events, idle_exit_ms } => {
-            return match dagfold::node::subscribe::run(node, &scope, from, max_events, idle_exit_ms) {
+        Command::Subscribe { node, identity, scope, from, max_events, idle_exit_ms } => {
+            return match dagfold::node::subscribe::run(node, identity.as_deref(), &scope, from, max_events, idle_exit_ms) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("dagfold: {e}");

@@ -27,7 +27,7 @@ use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
 use super::prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 use super::projector::Projector;
-use super::tables::{seq_and_bytes, Cf, ScopeRecord, Write};
+use super::tables::{seq_and_bytes, Cf, ScopeRecord, Write, META_FOLLOW_PREFIX};
 use super::types::{BufKind, Config, GenesisPolicy, Identity, Outcome, Reason, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
@@ -137,6 +137,8 @@ pub struct Engine {
     /// it to run after the engine (`take_projector`): applied data ops then
     /// leave in `Commit::folds`.
     pub(super) projector: Option<Projector>,
+    /// Scopes whose genesis is accepted whoever authored it (`follow`).
+    pub(super) followed: IdSet<Hash>,
     pub stats: Stats,
 }
 
@@ -170,6 +172,7 @@ impl Engine {
             durable_through: None,
             cascade_budget: u64::MAX,
             projector: Some(Projector::default()),
+            followed: IdSet::default(),
             stats: Stats::default(),
         };
         e.intern_cut(&[]);
@@ -324,7 +327,9 @@ impl Engine {
         }
         if v.op.kind() == OpKind::Genesis {
             if let GenesisPolicy::Authors(authors) = &self.cfg.genesis_policy {
-                if !authors.contains(&v.op.author) {
+                let accepted =
+                    v.op.author == self.identity.public_key || authors.contains(&v.op.author) || self.followed.contains(&v.id);
+                if !accepted {
                     self.stats.genesis_refused += 1;
                     return Outcome::GenesisRefused;
                 }
@@ -334,6 +339,23 @@ impl Engine {
         let outcome = self.evaluate(v.op, v.bytes, id, None, Some(v.pre), now_ms);
         self.run_cascade(now_ms);
         outcome
+    }
+
+    /// Accepts the genesis of `scope` whoever authored it, from now on
+    /// (API.md, "Which scopes a node holds"): kept in `Cf::Meta` with the
+    /// next commit. Its copies refused before are judged afresh when they
+    /// come again (a refused genesis is not remembered).
+    pub fn follow(&mut self, scope: Hash) {
+        if self.followed.insert(scope) {
+            let mut key = META_FOLLOW_PREFIX.to_vec();
+            key.extend_from_slice(&scope);
+            self.out.writes.push(Write::Put(Cf::Meta, key, Vec::new()));
+        }
+    }
+
+    /// Whether the genesis of `scope` is accepted whoever authored it.
+    pub fn follows(&self, scope: &Hash) -> bool {
+        self.followed.contains(scope)
     }
 
     /// A key delivery (SPEC §9).

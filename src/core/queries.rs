@@ -10,7 +10,7 @@ use super::engine::{Engine, Entry};
 use super::governance::{GovNode, GovState};
 use super::types::{BufKind, OpState, Scope, ScopeReport, ScopeStatus};
 use crate::protocol::codec::decode_op;
-use crate::protocol::{Hash, ZERO};
+use crate::protocol::{Hash, PublicKey, Role, ZERO};
 
 impl Engine {
     pub fn scope_ids(&self) -> Vec<Hash> {
@@ -54,6 +54,10 @@ impl Engine {
             return None;
         }
         let root = self.root_of(id);
+        let heads: Vec<Hash> = self.scopes[i as usize].gov_heads.iter().copied().collect();
+        let mut members: Vec<(PublicKey, Role)> =
+            self.governance_at(&heads).map(|g| g.members.iter().map(|(k, r)| (*k, *r)).collect()).unwrap_or_default();
+        members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let (s, c) = (&self.scopes[i as usize], self.buffers.counts(i));
         Some(ScopeStatus {
             scope: s.id,
@@ -64,6 +68,7 @@ impl Engine {
             pending: c.pending,
             key_waiting: c.key_waiting,
             data_key_waiting: c.data_key_waiting,
+            members,
         })
     }
 

@@ -14,7 +14,7 @@ use super::buffers::Buffered;
 use super::cold::ColdOps;
 use super::engine::{AppliedMeta, Engine, Entry};
 use super::governance::GovNode;
-use super::tables::{decode_cell_record, Cf, ScopeRecord, META_SCOPE_PREFIX};
+use super::tables::{decode_cell_record, Cf, ScopeRecord, META_FOLLOW_PREFIX, META_SCOPE_PREFIX};
 use super::types::{BufKind, Config, Identity, Reason};
 use crate::protocol::codec::{decode_gov_payload, decode_op, op_body};
 use crate::protocol::crypto::delta_id_of_body;
@@ -45,6 +45,9 @@ impl Engine {
             e.keys.insert(key_id, key);
         });
         t.scan(Cf::Meta, &mut |k, v| {
+            if let Some(scope) = k.strip_prefix(META_FOLLOW_PREFIX) {
+                e.followed.insert(scope.try_into().expect("followed scope id is 32 bytes"));
+            }
             if let Some(scope) = k.strip_prefix(META_SCOPE_PREFIX) {
                 let scope: Hash = scope.try_into().expect("scope id is 32 bytes");
                 let rec = ScopeRecord::try_from_slice(v).expect("scope record decodes");

@@ -76,6 +76,9 @@ pub struct ScopeRecord {
 
 pub const META_IDENTITY: &[u8] = b"identity";
 pub const META_SCOPE_PREFIX: &[u8] = b"scope/";
+/// A followed scope in `Cf::Meta` (key `follow/` ‖ id, empty value): its
+/// genesis is accepted whoever authored it (`Engine::follow`).
+pub const META_FOLLOW_PREFIX: &[u8] = b"follow/";
 
 /// The key of a scope's record in `Cf::Meta`: `scope/` ‖ id.
 pub(crate) fn scope_meta_key(scope: &Hash) -> Vec<u8> {

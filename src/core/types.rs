@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::limits;
 use crate::protocol::crypto::x25519_public;
-use crate::protocol::{Hash, PublicKey};
+use crate::protocol::{Hash, PublicKey, Role};
 
 /// Why an op was dropped for good (SPEC §6). `malformed` and `bad_signature`
 /// are not here: they are not remembered by id.
@@ -113,10 +113,17 @@ pub struct Stats {
     pub cold_hits: u64,
 }
 
+/// Which geneses the node accepts (SPEC §2: a node's own policy, applied
+/// after the signature check; API.md, "Which scopes a node holds"). A
+/// refused genesis is counted, not remembered; its scope's ops wait in
+/// pending until evicted, and a later copy is judged afresh.
 #[derive(Clone, Debug)]
 pub enum GenesisPolicy {
+    /// Every genesis: relays, tests, `dagfold import` given no flags.
     AcceptAll,
-    /// Only geneses authored by these keys (SPEC §2: the node's own policy).
+    /// A genesis authored by the node itself or by one of these keys
+    /// (`--accept-scopes-from`), or whose id the node follows
+    /// (`Engine::follow`).
     Authors(Vec<PublicKey>),
 }
 
@@ -220,9 +227,18 @@ pub struct ScopeStatus {
     pub pending: u64,
     pub key_waiting: u64,
     pub data_key_waiting: u64,
+    /// The members of `G` at `governance_heads`, sorted by key: whom the
+    /// node may serve what reveals the scope (SPEC §10). Not in the JSON.
+    pub members: Vec<(PublicKey, Role)>,
 }
 
 impl ScopeStatus {
+    /// Whether `key` is a member (any role) of the scope at its current
+    /// governance heads.
+    pub fn is_member(&self, key: &PublicKey) -> bool {
+        self.members.binary_search_by(|(m, _)| m.cmp(key)).is_ok()
+    }
+
     /// The JSON object of SPEC §11.
     pub fn to_json(&self) -> serde_json::Value {
         let hexes = |v: &[Hash]| v.iter().map(hex::encode).collect::<Vec<_>>();

@@ -12,7 +12,7 @@ use quinn::{ClosedStream, Connection, ConnectionError, Endpoint, RecvStream, Sen
 
 use super::frame::{read_frame, write_frame, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
 use super::server::{client_config, NetError, ServerConfig};
-use super::tls::SERVER_NAME;
+use super::tls::{Ed25519Key, NodeCert, SERVER_NAME};
 
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -22,9 +22,13 @@ pub enum ConnectError {
     /// endpoint, bad address).
     #[error("connect: {0}")]
     Start(#[from] quinn::ConnectError),
-    /// The handshake failed or timed out.
+    /// The handshake failed or timed out (or the server did not prove the
+    /// key it was dialed with).
     #[error("handshake: {0}")]
     Handshake(#[from] ConnectionError),
+    /// No client config could be made for the dial.
+    #[error("client config: {0}")]
+    Config(String),
 }
 
 /// Why frames could not be sent.
@@ -48,13 +52,84 @@ pub enum SendError {
 }
 
 /// An endpoint for dialing only (tools, tests): bound to `bind`, no server
-/// config, our transport bounds and the accept-any client config. Needs a
-/// tokio runtime.
+/// config, our transport bounds, anonymous, accepting any server key.
+/// Needs a tokio runtime.
 pub fn client_endpoint(bind: SocketAddr, cfg: &ServerConfig) -> Result<Endpoint, NetError> {
+    client_endpoint_as(bind, cfg, None)
+}
+
+/// An endpoint for dialing only that presents `identity` (SPEC §10: a
+/// client proving a member's key), accepting any server key unless a dial
+/// names one ([`connect_peer`]).
+pub fn client_endpoint_as(bind: SocketAddr, cfg: &ServerConfig, identity: Option<&NodeCert>) -> Result<Endpoint, NetError> {
     cfg.validate()?;
     let mut endpoint = Endpoint::client(bind).map_err(|source| NetError::Bind { addr: bind, source })?;
-    endpoint.set_default_client_config(client_config(cfg)?);
+    endpoint.set_default_client_config(client_config(cfg, identity, None)?);
     Ok(endpoint)
+}
+
+/// A node to dial: `KEY@ADDR` (the handshake aborts unless the server
+/// proves KEY, 64 hex characters) or `ADDR` (any key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PeerAddr {
+    pub key: Option<Ed25519Key>,
+    pub addr: SocketAddr,
+}
+
+impl std::str::FromStr for PeerAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PeerAddr, String> {
+        let (key, addr) = match s.split_once('@') {
+            Some((k, a)) => {
+                let key = hex::decode(k).ok().and_then(|v| <[u8; 32]>::try_from(v).ok());
+                (Some(key.ok_or_else(|| format!("{s:?}: the key before @ takes 64 hex characters"))?), a)
+            }
+            None => (None, s),
+        };
+        let addr = addr.parse().map_err(|e| format!("{s:?}: {e} (KEY@HOST:PORT or HOST:PORT)"))?;
+        Ok(PeerAddr { key, addr })
+    }
+}
+
+impl std::fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.key {
+            Some(k) => write!(f, "{}@{}", hex::encode(k), self.addr),
+            None => write!(f, "{}", self.addr),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PeerAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<PeerAddr, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl serde::Serialize for PeerAddr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+/// Connects to `peer` from `endpoint`: with the endpoint's default client
+/// config for a bare address, or, when the peer's key is given, one that
+/// presents `identity` and aborts the handshake unless the server proves
+/// that key.
+pub async fn connect_peer(
+    endpoint: &Endpoint,
+    cfg: &ServerConfig,
+    identity: Option<&NodeCert>,
+    peer: &PeerAddr,
+) -> Result<Connection, ConnectError> {
+    match peer.key {
+        None => connect(endpoint, peer.addr).await,
+        Some(key) => {
+            let config = client_config(cfg, identity, Some(key)).map_err(|e| ConnectError::Config(e.to_string()))?;
+            Ok(endpoint.connect_with(config, peer.addr, SERVER_NAME)?.await?)
+        }
+    }
 }
 
 /// Connects to a dagfold node at `addr` with the endpoint's default client
@@ -70,16 +145,19 @@ pub async fn connect(endpoint: &Endpoint, addr: SocketAddr) -> Result<Connection
 #[derive(Clone, Debug)]
 pub struct Dialer {
     endpoint: Endpoint,
+    cfg: ServerConfig,
+    identity: std::sync::Arc<NodeCert>,
 }
 
 impl Dialer {
-    pub fn new(endpoint: &Endpoint) -> Dialer {
-        Dialer { endpoint: endpoint.clone() }
+    /// Dials from `endpoint` presenting `identity` (the node's).
+    pub fn new(endpoint: &Endpoint, cfg: &ServerConfig, identity: NodeCert) -> Dialer {
+        Dialer { endpoint: endpoint.clone(), cfg: cfg.clone(), identity: std::sync::Arc::new(identity) }
     }
 
-    /// Connects to the node at `addr` (see [`connect`]).
-    pub async fn dial(&self, addr: SocketAddr) -> Result<Link, ConnectError> {
-        Ok(Link { conn: connect(&self.endpoint, addr).await? })
+    /// Connects to `peer` (see [`connect_peer`]).
+    pub async fn dial(&self, peer: &PeerAddr) -> Result<Link, ConnectError> {
+        Ok(Link { conn: connect_peer(&self.endpoint, &self.cfg, Some(&self.identity), peer).await? })
     }
 }
 
@@ -90,6 +168,11 @@ pub struct Link {
 }
 
 impl Link {
+    /// The key the peer proved in the handshake (a node always proves one).
+    pub fn peer_key(&self) -> Option<Ed25519Key> {
+        super::tls::peer_key(&self.conn)
+    }
+
     /// Opens a unidirectional stream to write frames on.
     pub async fn open_uni(&self) -> Result<FrameWriter, ConnectionError> {
         Ok(FrameWriter { send: self.conn.open_uni().await? })

@@ -32,10 +32,15 @@ pub mod codes {
     pub const ERR_SHUTDOWN: u32 = 2;
     /// A frame's content, or a reply frame, did not move within its deadline.
     pub const ERR_TIMEOUT: u32 = 3;
+    /// The request reveals a scope the client may not see: it proved no
+    /// key, or one that is neither a member of the scope nor a configured
+    /// peer (SPEC §10). Sent with `RESET_STREAM` on that stream only.
+    pub const ERR_UNAUTHORIZED: u32 = 4;
 }
 
-pub use client::{client_endpoint, connect, open_bi, send_frames_uni, Dialer, FrameWriter, Link, StreamFrames};
-pub use codes::{ERR_MALFORMED, ERR_NONE, ERR_SHUTDOWN, ERR_TIMEOUT};
+pub use client::{client_endpoint, connect, connect_peer, open_bi, send_frames_uni, Dialer, FrameWriter, Link, PeerAddr, StreamFrames};
+pub use codes::{ERR_MALFORMED, ERR_NONE, ERR_SHUTDOWN, ERR_TIMEOUT, ERR_UNAUTHORIZED};
+pub use tls::{identity_cert, Ed25519Key, NodeCert};
 pub use frame::{read_frame, write_frame, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
 pub use fair::{IngestClosed, ItemSink};
 pub use server::{close_endpoint, make_endpoint, run_server, FrameDecoder, Inbound, Reply, ServerConfig};

@@ -39,7 +39,7 @@ use tokio::task::{JoinError, JoinSet};
 use super::codes::{ERR_MALFORMED, ERR_SHUTDOWN, ERR_TIMEOUT};
 use super::fair::{origin_of, Admission, Fair, Held, ItemSink, Lane, OriginSlot, OriginTurns, Refusal};
 use super::frame::{write_frame, FrameError, StreamBuf, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES};
-use super::tls::{self, TlsError};
+use super::tls::{self, Ed25519Key, NodeCert, TlsError};
 
 /// Frames queued on one [`Reply`] before `send` waits (`try_send` fails).
 /// Replies are the node's own data (sync answers, acks): a few frames of
@@ -237,15 +237,14 @@ pub enum NetError {
     Bind { addr: SocketAddr, source: io::Error },
 }
 
-/// Makes the node's endpoint: bound to `cfg.listen`, serving with the
-/// certificate and stateless-reset key kept in `tls_dir` (made on first
-/// use), and able to dial peers
-/// with the accept-any client config (`client::connect`). Needs a tokio
-/// runtime (quinn spawns its driver).
-pub fn make_endpoint(cfg: &ServerConfig, tls_dir: &Path) -> Result<Endpoint, NetError> {
+/// Makes the node's endpoint: bound to `cfg.listen`, serving with `cert`
+/// (its identity, `tls::identity_cert`) and the stateless-reset key kept in
+/// `tls_dir` (made on first use), and able to dial peers presenting the
+/// same identity, accepting any server key (`client::connect`; a known
+/// key: `client::Dialer`). Needs a tokio runtime (quinn spawns its driver).
+pub fn make_endpoint(cfg: &ServerConfig, tls_dir: &Path, cert: &NodeCert) -> Result<Endpoint, NetError> {
     cfg.validate()?;
-    let cert = tls::load_or_create_cert(tls_dir)?;
-    let mut server = tls::server_config(&cert)?;
+    let mut server = tls::server_config(cert)?;
     server.transport_config(Arc::new(cfg.transport_config(false)));
     // Connection attempts not yet handled by the accept loop: it handles
     // each at once, so a backlog of one limit's worth is ample.
@@ -259,7 +258,7 @@ pub fn make_endpoint(cfg: &ServerConfig, tls_dir: &Path) -> Result<Endpoint, Net
     let mut endpoint_cfg = quinn::EndpointConfig::new(Arc::new(reset_key));
     endpoint_cfg.cid_generator(|| Box::new(RandomCids));
     let mut endpoint = Endpoint::new(endpoint_cfg, Some(server), socket, runtime).map_err(bind)?;
-    endpoint.set_default_client_config(client_config(cfg)?);
+    endpoint.set_default_client_config(client_config(cfg, Some(cert), None)?);
     Ok(endpoint)
 }
 
@@ -288,10 +287,15 @@ impl quinn::ConnectionIdGenerator for RandomCids {
     }
 }
 
-/// The client config of our endpoints: accept-any TLS, our transport bounds,
-/// keep-alive on.
-pub(crate) fn client_config(cfg: &ServerConfig) -> Result<quinn::ClientConfig, NetError> {
-    let mut client = tls::client_config()?;
+/// The client config of our endpoints: presenting `identity` (else
+/// anonymous), accepting the server only if it proves `expect` (any key
+/// when `None`), our transport bounds, keep-alive on.
+pub(crate) fn client_config(
+    cfg: &ServerConfig,
+    identity: Option<&NodeCert>,
+    expect: Option<Ed25519Key>,
+) -> Result<quinn::ClientConfig, NetError> {
+    let mut client = tls::client_config(identity, expect)?;
     client.transport_config(Arc::new(cfg.transport_config(true)));
     Ok(client)
 }
@@ -317,6 +321,9 @@ pub struct Inbound<T> {
     pub conn_id: u64,
     /// The peer's address when its connection was accepted.
     pub remote: SocketAddr,
+    /// The Ed25519 key the peer proved in the handshake (SPEC §10); `None`
+    /// for an anonymous client.
+    pub peer_key: Option<Ed25519Key>,
     pub item: T,
     /// Present for frames that came on a bidirectional stream: writes frames
     /// back on that stream.
@@ -332,7 +339,24 @@ pub struct Inbound<T> {
 /// [`REPLY_FRAME_WRITE_TIMEOUT_MS`], which closes the queue.
 #[derive(Clone, Debug)]
 pub struct Reply {
-    frames: mpsc::Sender<Vec<u8>>,
+    frames: mpsc::Sender<ReplyItem>,
+}
+
+/// What the reply writer takes: a frame, or the end of the stream with an
+/// application error (a refusal, SPEC §10).
+#[derive(Debug)]
+enum ReplyItem {
+    Frame(Vec<u8>),
+    Reset(u32),
+}
+
+impl ReplyItem {
+    fn into_frame(self) -> Vec<u8> {
+        match self {
+            ReplyItem::Frame(f) => f,
+            ReplyItem::Reset(_) => Vec::new(),
+        }
+    }
 }
 
 /// The reply stream is gone (the peer stopped it, the connection was lost,
@@ -380,7 +404,13 @@ impl Reply {
     /// frames are built within it, so that is a programmer's error.
     pub async fn send(&self, frame: Vec<u8>) -> Result<(), ReplyClosed> {
         assert_frame_len(&frame);
-        self.frames.send(frame).await.map_err(|e| ReplyClosed(e.0))
+        self.frames.send(ReplyItem::Frame(frame)).await.map_err(|e| ReplyClosed(e.0.into_frame()))
+    }
+
+    /// Ends the stream with the application error `code` (what was queued
+    /// before is written first): how a request is refused (SPEC §10).
+    pub async fn refuse(&self, code: u32) {
+        let _ = self.frames.send(ReplyItem::Reset(code)).await;
     }
 
     /// Queues one frame's content if there is room, at once.
@@ -388,9 +418,9 @@ impl Reply {
     /// Panics if the content is over the SPEC frame limit (see `send`).
     pub fn try_send(&self, frame: Vec<u8>) -> Result<(), TrySendError> {
         assert_frame_len(&frame);
-        self.frames.try_send(frame).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(frame) => TrySendError::Full(frame),
-            mpsc::error::TrySendError::Closed(frame) => TrySendError::Closed(frame),
+        self.frames.try_send(ReplyItem::Frame(frame)).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(item) => TrySendError::Full(item.into_frame()),
+            mpsc::error::TrySendError::Closed(item) => TrySendError::Closed(item.into_frame()),
         })
     }
 
@@ -420,14 +450,18 @@ fn assert_frame_len(frame: &[u8]) {
 /// lost, even while nothing is queued: a handler waiting for something to
 /// send (a subscription to a quiet scope) learns of it through
 /// [`Reply::closed`] instead of holding its slot until it next sends.
-async fn write_replies(mut send: SendStream, mut queue: mpsc::Receiver<Vec<u8>>) {
+async fn write_replies(mut send: SendStream, mut queue: mpsc::Receiver<ReplyItem>) {
     let timeout = Duration::from_millis(u64::from(REPLY_FRAME_WRITE_TIMEOUT_MS));
     let stopped = send.stopped();
     tokio::pin!(stopped);
     loop {
         let frame = tokio::select! {
-            frame = queue.recv() => match frame {
-                Some(frame) => frame,
+            item = queue.recv() => match item {
+                Some(ReplyItem::Frame(frame)) => frame,
+                Some(ReplyItem::Reset(code)) => {
+                    let _ = send.reset(VarInt::from_u32(code));
+                    return;
+                }
                 None => break,
             },
             // Before `finish` this completes only on STOP_SENDING or a lost
@@ -640,6 +674,7 @@ fn propagate_panic(done: Result<(), JoinError>) {
 struct ConnectionCtx<D: FrameDecoder> {
     conn_id: u64,
     remote: SocketAddr,
+    peer_key: Option<Ed25519Key>,
     lane: Arc<Lane<Inbound<D::Item>>>,
     shared: Arc<ServerShared<D>>,
 }
@@ -666,7 +701,8 @@ async fn serve_connection<D: FrameDecoder>(
         }
     };
     counter!(metric::CONNECTIONS_ACCEPTED).increment(1);
-    let ctx = Arc::new(ConnectionCtx { conn_id, remote: conn.remote_address(), lane, shared });
+    let peer_key = tls::peer_key(&conn);
+    let ctx = Arc::new(ConnectionCtx { conn_id, remote: conn.remote_address(), peer_key, lane, shared });
     // Bounded by the transport: at most streams_per_connection_max of each
     // direction are open (quinn grants new ones as old ones are released),
     // plus one writer per bidirectional stream.
@@ -758,7 +794,7 @@ async fn read_stream<D: FrameDecoder>(mut recv: RecvStream, reply: Option<Reply>
             let _ = recv.stop(VarInt::from_u32(ERR_MALFORMED));
             return;
         };
-        let inbound = Inbound { conn_id: ctx.conn_id, remote: ctx.remote, item, reply: reply.clone() };
+        let inbound = Inbound { conn_id: ctx.conn_id, remote: ctx.remote, peer_key: ctx.peer_key, item, reply: reply.clone() };
         // The reservation stays held while queued: the item is (about) the
         // frame's size, and the queue is exactly where memory would pile up.
         if shared.fair.push(&ctx.lane, Held { item: inbound, permits }).is_err() {

@@ -15,7 +15,8 @@ use clap::{ArgMatches, Args, Command, FromArgMatches};
 use serde::{Deserialize, Serialize};
 
 use crate::limits;
-use crate::net::ServerConfig;
+use crate::net::{PeerAddr, ServerConfig};
+use crate::protocol::PublicKey;
 use crate::pipeline::PipelineConfig;
 
 /// Where a node keeps its data unless told otherwise (also the default of
@@ -38,7 +39,11 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
-    pub peers: Vec<SocketAddr>,
+    pub peers: Vec<PeerAddr>,
+    /// Geneses accepted from these authors besides the node itself.
+    pub accept_scopes_from: Vec<PublicKey>,
+    /// Every genesis accepted (relays, tests).
+    pub accept_any_scope: bool,
     pub key_wait_ms: u64,
     pub heartbeat_ms: u64,
     pub buffered_ops_per_scope_max: u64,
@@ -72,9 +77,21 @@ pub struct Settings {
     /// HTTP address for /v1/identity, /v1/scopes/{id} and /metrics
     #[arg(long)]
     pub admin: Option<SocketAddr>,
-    /// A peer's QUIC address (repeatable): gossip, heartbeat and sync.
+    /// A peer (repeatable): gossip, heartbeat and sync. `KEY@HOST:PORT`
+    /// dials only a node that proves KEY (its public key, 64 hex) and serves
+    /// that key every scope; `HOST:PORT` dials any key, which is then served
+    /// only the scopes it is a member of (SPEC §10).
     #[arg(long = "peer")]
-    pub peers: Vec<SocketAddr>,
+    pub peers: Vec<PeerAddr>,
+    /// Accept the geneses (new scopes) this key authors (repeatable; 64
+    /// hex). The node always accepts its own, and those of scopes it follows
+    /// (API.md, "Which scopes a node holds").
+    #[arg(long = "accept-scopes-from")]
+    pub accept_scopes_from: Vec<String>,
+    /// Accept every genesis, whoever authored it: for relays and tests
+    /// (`--accept-any-scope` alone means true).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub accept_any_scope: Option<bool>,
     /// How long a data op waits in memory for its key before it is dropped
     /// for redelivery (SPEC §6 step 4)
     #[arg(long)]
@@ -141,6 +158,8 @@ impl Settings {
             listen: Some(net.listen),
             admin: Some(ADMIN_DEFAULT),
             peers: Vec::new(),
+            accept_scopes_from: Vec::new(),
+            accept_any_scope: Some(false),
             key_wait_ms: Some(limits::DATA_KEY_WAIT_MS_DEFAULT),
             heartbeat_ms: Some(HEARTBEAT_MS_DEFAULT),
             buffered_ops_per_scope_max: Some(limits::BUFFERED_OPS_PER_SCOPE_MAX),
@@ -182,6 +201,12 @@ impl Settings {
             listen: set(self.listen),
             admin: set(self.admin),
             peers: self.peers,
+            accept_scopes_from: self
+                .accept_scopes_from
+                .iter()
+                .map(|k| crate::protocol::parse_hash_hex(k).ok_or_else(|| ResolveError::Key(k.clone())))
+                .collect::<Result<_, _>>()?,
+            accept_any_scope: set(self.accept_any_scope),
             key_wait_ms: set(self.key_wait_ms),
             heartbeat_ms: set(self.heartbeat_ms),
             buffered_ops_per_scope_max: set(self.buffered_ops_per_scope_max),
@@ -226,6 +251,8 @@ pub enum ResolveError {
     Parse { path: PathBuf, source: toml::de::Error },
     #[error("--durability takes `durable` or `fast`, not {0:?}")]
     Durability(String),
+    #[error("--accept-scopes-from takes a public key of 64 hex characters, got {0:?}")]
+    Key(String),
     #[error("verifier_threads, commit_ops_max and heartbeat_ms must be at least 1")]
     AtLeastOne,
     #[error("buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)")]
@@ -384,13 +411,13 @@ mod tests {
         let path = path.to_str().unwrap();
         let c = args(&["--config", path, "--key-wait-ms", "9", "--peer", "127.0.0.1:9002"]).resolve().unwrap();
         assert_eq!(c.key_wait_ms, 9, "the flag over the file");
-        assert_eq!(c.peers, [SocketAddr::from(([127, 0, 0, 1], 9002))], "the flag's peers instead of the file's");
+        assert_eq!(c.peers, [PeerAddr { key: None, addr: SocketAddr::from(([127, 0, 0, 1], 9002)) }], "the flag's peers instead of the file's");
         assert_eq!(c.heartbeat_ms, 7, "the file over the default");
         assert!(!c.pipeline.sync, "the file over the default");
         assert_eq!(c.net.connections_per_origin_max, 10, "a quarter of the file's connections_max");
         assert_eq!(c.buffered_ops_total_max, limits::BUFFERED_OPS_TOTAL_MAX, "the default");
         let c = args(&["--config", path]).resolve().unwrap();
-        assert_eq!((c.key_wait_ms, c.peers), (5, vec![SocketAddr::from(([127, 0, 0, 1], 9001))]), "the file alone");
+        assert_eq!((c.key_wait_ms, c.peers), (5, vec![PeerAddr { key: None, addr: SocketAddr::from(([127, 0, 0, 1], 9001)) }]), "the file alone");
         let c = args(&["--config", path, "--durability", "durable", "--connections-per-origin-max", "3"]).resolve().unwrap();
         assert!(c.pipeline.sync);
         assert_eq!(c.net.connections_per_origin_max, 3);

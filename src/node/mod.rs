@@ -12,7 +12,6 @@ pub mod serve;
 pub mod subscribe;
 
 use crate::clock::now_ms;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,7 +66,10 @@ pub struct NodeShared {
     pub pipeline: Arc<crate::pipeline::PipelineState>,
     pub hub: Arc<Hub>,
     pub reader: StoreReader,
-    pub peers: Vec<SocketAddr>,
+    pub peers: Vec<crate::net::PeerAddr>,
+    /// The keys of the peers configured by key (`KEY@ADDR`): served every
+    /// scope (SPEC §10).
+    pub peer_keys: std::collections::HashSet<crate::protocol::PublicKey>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub ingest: mpsc::Sender<Work>,
     pub cfg: NodeConfig,
@@ -94,6 +96,11 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         buffered_bytes_per_scope_max: cfg.buffered_bytes_per_scope_max,
         buffered_ops_total_max: cfg.buffered_ops_total_max,
         buffered_bytes_total_max: cfg.buffered_bytes_total_max,
+        genesis_policy: if cfg.accept_any_scope {
+            crate::core::GenesisPolicy::AcceptAll
+        } else {
+            crate::core::GenesisPolicy::Authors(cfg.accept_scopes_from.clone())
+        },
         ..Config::default()
     };
     let started = std::time::Instant::now();
@@ -104,7 +111,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     }
     engine.note_durable(restore_commit.number);
     let restored_ms = started.elapsed().as_millis();
-    let hub = Arc::new(Hub::new(engine.event_seqs()));
+    let peer_keys: std::collections::HashSet<_> = cfg.peers.iter().filter_map(|p| p.key).collect();
+    let hub = Arc::new(Hub::new(engine.event_seqs(), peer_keys.clone()));
     let reader = store.reader();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -117,11 +125,15 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let hub2 = hub.clone();
     let on_durable = Box::new(move |d: crate::pipeline::Committed| {
         hub2.dispatch(&d.events);
-        for (_, _, bytes, origin) in d.applied {
+        // A member removed loses its live subscriptions at once (SPEC §10).
+        for (scope, members) in &d.members {
+            hub2.revoke(scope, members);
+        }
+        for (_, scope, bytes, origin) in d.applied {
             if bytes.is_empty() {
                 continue; // no peers: nothing to gossip
             }
-            if gossip_tx.try_send(peers::Gossip { bytes, origin }).is_err() {
+            if gossip_tx.try_send(peers::Gossip { bytes, origin, scope }).is_err() {
                 // Peers catch up through heartbeat and sync.
                 metrics::counter!("dagfold_gossip_dropped_total").increment(1);
             }
@@ -139,6 +151,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         hub,
         reader,
         peers: cfg.peers.clone(),
+        peer_keys,
         metrics,
         ingest: ingest_tx,
         cfg: cfg.clone(),
@@ -148,7 +161,9 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let result: Result<(), NodeError> = rt.block_on(async {
         let mut net_cfg = cfg.net.clone();
         net_cfg.listen = cfg.listen;
-        let endpoint = crate::net::make_endpoint(&net_cfg, &cfg.data_dir.join("tls"))?;
+        let cert = crate::net::identity_cert(&identity.seed).map_err(crate::net::server::NetError::from)?;
+        let endpoint = crate::net::make_endpoint(&net_cfg, &cfg.data_dir.join("tls"), &cert)?;
+        let dialer = crate::net::Dialer::new(&endpoint, &net_cfg, cert);
         let listen = endpoint.local_addr()?;
         let admin_listener = tokio::net::TcpListener::bind(cfg.admin).await?;
         let admin_addr = admin_listener.local_addr()?;
@@ -172,7 +187,6 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
             Arc::new(serve::Status(shared.clone())),
             shutdown_rx.clone(),
         ));
-        let dialer = crate::net::Dialer::new(&endpoint);
         let peer_task = tokio::spawn(peers::run_peers(shared.clone(), dialer, gossip_rx, shutdown_rx.clone()));
         wait_for_signal().await;
         eprintln!("dagfold: shutting down: draining the pipeline");

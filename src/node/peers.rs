@@ -9,13 +9,14 @@
 //! `SYNC_INTERVAL_MS`, so a missing-parent storm cannot flood a peer.
 
 use std::net::SocketAddr;
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
 use super::NodeShared;
-use crate::net::{Dialer, Link};
+use crate::net::{Dialer, Link, PeerAddr};
 use crate::pipeline::Work;
 use crate::protocol::node::*;
 use crate::protocol::{Hash, ZERO};
@@ -32,10 +33,17 @@ pub const REDIAL_MS_MIN: u64 = 100;
 pub const REDIAL_MS_MAX: u64 = 5_000;
 /// Heads-we-lack notes kept at most (the oldest are dropped).
 pub const LACKING_NOTES_MAX: usize = 1024;
+/// Heartbeat frames (of `HEARTBEAT_SCOPES_MAX` scopes each) sent to a peer
+/// per beat at most: the scopes it may see are sent in pages, each beat
+/// going on where the last stopped, so every scope is repaired however
+/// many there are (10,000 scopes: a round every ~10 beats, ~16 KB a page).
+pub const HEARTBEAT_PAGES_PER_BEAT_MAX: usize = 8;
 
 pub struct Gossip {
     pub bytes: Vec<u8>,
     pub origin: u64,
+    /// The op's scope: a peer is sent only the ops of scopes it may see.
+    pub scope: Hash,
 }
 
 pub async fn run_peers(
@@ -46,7 +54,7 @@ pub async fn run_peers(
 ) {
     let mut queues = Vec::new();
     for (i, addr) in shared.peers.clone().into_iter().enumerate() {
-        let (tx, rx) = mpsc::channel::<Vec<u8>>(GOSSIP_QUEUE_OPS);
+        let (tx, rx) = mpsc::channel::<(Hash, Vec<u8>)>(GOSSIP_QUEUE_OPS);
         queues.push(tx);
         tokio::spawn(peer_task(i as u64 + 1, addr, rx, shared.clone(), dialer.clone(), shutdown.clone()));
     }
@@ -61,7 +69,7 @@ pub async fn run_peers(
             if g.origin == i as u64 + 1 {
                 continue;
             }
-            if q.try_send(frame.clone()).is_err() {
+            if q.try_send((g.scope, frame.clone())).is_err() {
                 metrics::counter!("dagfold_gossip_dropped_total").increment(1);
             } else {
                 metrics::counter!("dagfold_gossip_sent_total").increment(1);
@@ -70,37 +78,54 @@ pub async fn run_peers(
     }
 }
 
-fn heartbeat_frame(shared: &NodeShared) -> Vec<u8> {
+/// One beat's heartbeat frames to a peer that proved `peer_key`: the
+/// scopes it may see (SPEC §10: all for a peer configured by key, else
+/// those it is a member of), in pages of `HEARTBEAT_SCOPES_MAX`, at most
+/// `HEARTBEAT_PAGES_PER_BEAT_MAX` of them, starting after `cursor` (the
+/// last scope the previous beat sent) and wrapping around.
+fn heartbeat_frames(shared: &NodeShared, peer_key: Option<&crate::protocol::PublicKey>, cursor: &mut Option<Hash>) -> Vec<Vec<u8>> {
+    let Some(key) = peer_key else { return Vec::new() };
+    let everything = shared.peer_keys.contains(key);
     let st = shared.pipeline.status.read().unwrap();
-    let scopes = st
-        .values()
-        .take(HEARTBEAT_SCOPES_MAX)
-        .map(|s| ScopeBeat {
-            scope: s.scope,
-            root: s.root,
-            governance_heads: s.governance_heads.iter().take(HEARTBEAT_HEADS_MAX).copied().collect(),
-            data_heads: s.data_heads.iter().take(HEARTBEAT_HEADS_MAX).copied().collect(),
-        })
-        .collect();
-    NodeMessage::Heartbeat(Heartbeat { scopes }).encode()
+    let after = match cursor {
+        Some(c) => st.range::<Hash, _>((Bound::Excluded(*c), Bound::Unbounded)).chain(st.range::<Hash, _>((Bound::Unbounded, Bound::Included(*c)))),
+        None => st.range::<Hash, _>((Bound::<Hash>::Unbounded, Bound::Unbounded)).chain(st.range::<Hash, _>((Bound::Unbounded, Bound::Excluded(ZERO)))),
+    };
+    let mut visible = after.map(|(_, s)| s).filter(|s| everything || s.is_member(key)).peekable();
+    let mut frames = Vec::new();
+    while frames.len() < HEARTBEAT_PAGES_PER_BEAT_MAX && visible.peek().is_some() {
+        let scopes: Vec<ScopeBeat> = visible
+            .by_ref()
+            .take(HEARTBEAT_SCOPES_MAX)
+            .map(|s| ScopeBeat {
+                scope: s.scope,
+                root: s.root,
+                governance_heads: s.governance_heads.iter().take(HEARTBEAT_HEADS_MAX).copied().collect(),
+                data_heads: s.data_heads.iter().take(HEARTBEAT_HEADS_MAX).copied().collect(),
+            })
+            .collect();
+        *cursor = scopes.last().map(|b| b.scope);
+        frames.push(NodeMessage::Heartbeat(Heartbeat { scopes }).encode());
+    }
+    frames
 }
 
 async fn peer_task(
     origin: u64,
-    addr: SocketAddr,
-    mut queue: mpsc::Receiver<Vec<u8>>,
+    peer: PeerAddr,
+    mut queue: mpsc::Receiver<(Hash, Vec<u8>)>,
     shared: Arc<NodeShared>,
     dialer: Dialer,
     shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = REDIAL_MS_MIN;
     while !*shutdown.borrow() {
-        let link = match dialer.dial(addr).await {
+        let link = match dialer.dial(&peer).await {
             Ok(c) => c,
             Err(e) => {
                 metrics::counter!("dagfold_peer_dial_failures_total").increment(1);
                 if backoff >= REDIAL_MS_MAX {
-                    eprintln!("dagfold: peer {addr} unreachable: {e}");
+                    eprintln!("dagfold: peer {peer} unreachable: {e}");
                 }
                 tokio::time::sleep(Duration::from_millis(backoff)).await;
                 backoff = (backoff * 2).min(REDIAL_MS_MAX);
@@ -109,7 +134,7 @@ async fn peer_task(
         };
         backoff = REDIAL_MS_MIN;
         metrics::gauge!("dagfold_peers_connected").increment(1.0);
-        let _ = serve_link(origin, addr, &link, &mut queue, &shared).await;
+        let _ = serve_link(origin, peer.addr, &link, &mut queue, &shared).await;
         metrics::gauge!("dagfold_peers_connected").decrement(1.0);
         tokio::time::sleep(Duration::from_millis(backoff)).await;
     }
@@ -119,21 +144,29 @@ async fn serve_link(
     origin: u64,
     addr: SocketAddr,
     link: &Link,
-    queue: &mut mpsc::Receiver<Vec<u8>>,
+    queue: &mut mpsc::Receiver<(Hash, Vec<u8>)>,
     shared: &Arc<NodeShared>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut send = link.open_uni().await?;
+    let peer_key = link.peer_key();
+    let mut cursor = None;
     let mut beat = tokio::time::interval(Duration::from_millis(shared.cfg.heartbeat_ms));
     let mut sync = tokio::time::interval(Duration::from_millis(SYNC_INTERVAL_MS));
     sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             frame = queue.recv() => {
-                let Some(frame) = frame else { return Ok(()) };
-                send.write(&frame).await?;
+                let Some((scope, frame)) = frame else { return Ok(()) };
+                // A peer dialed by address alone gets only the ops of the
+                // scopes its key is a member of (SPEC §10).
+                if super::serve::may_see(shared, peer_key.as_ref(), &scope).is_ok() {
+                    send.write(&frame).await?;
+                }
             }
             _ = beat.tick() => {
-                send.write(&heartbeat_frame(shared)).await?;
+                for frame in heartbeat_frames(shared, peer_key.as_ref(), &mut cursor) {
+                    send.write(&frame).await?;
+                }
             }
             _ = sync.tick() => {
                 for req in sync_requests(addr, shared) {

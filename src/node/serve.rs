@@ -13,7 +13,30 @@ use crate::net::{Inbound, IngestClosed, ItemSink, Reply};
 use crate::pipeline::Work;
 use crate::protocol::codec::decode_op;
 use crate::protocol::node::*;
-use crate::protocol::{Hash, PLANE_DATA};
+use crate::protocol::{Hash, PublicKey, PLANE_DATA};
+
+/// Whether a client that proved `key` may be served what reveals `scope`
+/// (its events, sync, heartbeats; SPEC §10): a member (any role) in `G` at
+/// the node's current governance heads, or a peer configured by key. The
+/// error is the reason of the refusal, as counted.
+pub fn may_see(shared: &NodeShared, key: Option<&PublicKey>, scope: &Hash) -> Result<(), &'static str> {
+    let Some(key) = key else { return Err("anonymous") };
+    if shared.peer_keys.contains(key) {
+        return Ok(());
+    }
+    match shared.pipeline.status.read().unwrap().get(scope) {
+        Some(s) if s.is_member(key) => Ok(()),
+        Some(_) => Err("not_a_member"),
+        None => Err("unknown_scope"),
+    }
+}
+
+/// Refuses a request on its stream (`ERR_UNAUTHORIZED`), counted by what was
+/// asked and why.
+async fn refuse(reply: &Reply, request: &'static str, reason: &'static str) {
+    metrics::counter!("dagfold_requests_refused_total", "request" => request, "reason" => reason).increment(1);
+    reply.refuse(crate::net::ERR_UNAUTHORIZED).await;
+}
 
 pub struct Status(pub Arc<NodeShared>);
 
@@ -46,7 +69,7 @@ static SYNC_PERMITS: Semaphore = Semaphore::const_new(SYNC_SERVED_CONCURRENT_MAX
 
 /// Index of the configured peer at `addr`, plus one (0: not a peer).
 pub fn origin_of(shared: &NodeShared, addr: &std::net::SocketAddr) -> u64 {
-    shared.peers.iter().position(|p| p == addr).map(|i| i as u64 + 1).unwrap_or(0)
+    shared.peers.iter().position(|p| p.addr == *addr).map(|i| i as u64 + 1).unwrap_or(0)
 }
 
 /// Where the transport hands each decoded frame, from its fair dispatcher
@@ -77,8 +100,14 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
             Incoming::Node(NodeMessage::Heartbeat(hb)) => {
                 metrics::counter!("dagfold_heartbeats_received_total").increment(1);
                 // Heartbeats come from the peer's own endpoint: its address
-                // is where it listens.
+                // is where it listens. Only the scopes its key may see are
+                // heard: anything else would let anyone have the node note
+                // heads to ask for, and learn which scopes it holds.
                 for s in hb.scopes {
+                    if let Err(reason) = may_see(shared, inb.peer_key.as_ref(), &s.scope) {
+                        metrics::counter!("dagfold_requests_refused_total", "request" => "heartbeat", "reason" => reason).increment(1);
+                        continue;
+                    }
                     let heads: Vec<Hash> = s.governance_heads.iter().chain(&s.data_heads).copied().collect();
                     let w = Work::Heads { peer: inb.remote, scope: s.scope, heads, root: s.root };
                     shared.ingest.send(w).await.map_err(|_| IngestClosed)?;
@@ -86,12 +115,12 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
             }
             Incoming::Node(NodeMessage::SyncRequest(req)) => {
                 if let Some(reply) = inb.reply {
-                    tokio::spawn(serve_sync(shared.clone(), req, reply));
+                    tokio::spawn(serve_sync(shared.clone(), req, inb.peer_key, reply));
                 }
             }
             Incoming::Node(NodeMessage::Subscribe(sub)) => {
                 if let Some(reply) = inb.reply {
-                    tokio::spawn(serve_subscription(shared.clone(), sub, reply));
+                    tokio::spawn(serve_subscription(shared.clone(), sub, inb.peer_key, reply));
                 }
             }
             Incoming::Node(_) => {
@@ -105,7 +134,15 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
 /// Walks back from `want` through dependencies in the store, stopping at
 /// `have` and at unknown ids, collecting at most `max` ops; returns them
 /// ancestors first, so the requester applies them with little buffering.
-pub fn collect_sync(reader: &crate::store::rocks::StoreReader, want: &[Hash], have: &[Hash], max: usize) -> Vec<Vec<u8>> {
+/// Only ops of scopes `visible` says the requester may see are collected
+/// or walked through (SPEC §10).
+pub fn collect_sync(
+    reader: &crate::store::rocks::StoreReader,
+    want: &[Hash],
+    have: &[Hash],
+    max: usize,
+    visible: &dyn Fn(&Hash) -> bool,
+) -> Vec<Vec<u8>> {
     let have: HashSet<Hash> = have.iter().copied().collect();
     let mut seen: HashSet<Hash> = HashSet::new();
     let mut work: VecDeque<Hash> = want.iter().copied().collect();
@@ -119,6 +156,11 @@ pub fn collect_sync(reader: &crate::store::rocks::StoreReader, want: &[Hash], ha
         }
         let Ok(Some(bytes)) = reader.get(Cf::Ops, &id) else { continue };
         let Ok(op) = decode_op(&bytes) else { continue };
+        // A genesis belongs to the scope it names (SPEC §2).
+        let scope = if op.scope == crate::protocol::ZERO { id } else { op.scope };
+        if !visible(&scope) {
+            continue;
+        }
         work.extend(op.parents.iter().copied());
         if op.plane == PLANE_DATA {
             work.extend(op.cut.iter().copied());
@@ -129,7 +171,16 @@ pub fn collect_sync(reader: &crate::store::rocks::StoreReader, want: &[Hash], ha
     out
 }
 
-async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, reply: Reply) {
+async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, peer_key: Option<PublicKey>, reply: Reply) {
+    // A request names its scope, or ZERO for ids of any scope (missing
+    // parents): then each op is served only if its scope may be seen.
+    if req.scope != crate::protocol::ZERO {
+        if let Err(reason) = may_see(&shared, peer_key.as_ref(), &req.scope) {
+            return refuse(&reply, "sync", reason).await;
+        }
+    } else if peer_key.is_none() {
+        return refuse(&reply, "sync", "anonymous").await;
+    }
     // A requester that went away while waiting for a permit gets no work.
     let permit = tokio::select! {
         p = SYNC_PERMITS.acquire() => p,
@@ -139,7 +190,9 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, reply: Reply) {
     metrics::counter!("dagfold_sync_requests_served_total").increment(1);
     let max = req.max_ops.min(SYNC_OPS_MAX) as usize;
     let reader = shared.reader.clone();
-    let ops = match tokio::task::spawn_blocking(move || collect_sync(&reader, &req.want, &req.have, max)).await {
+    let sh = shared.clone();
+    let visible = move |scope: &Hash| may_see(&sh, peer_key.as_ref(), scope).is_ok();
+    let ops = match tokio::task::spawn_blocking(move || collect_sync(&reader, &req.want, &req.have, max, &visible)).await {
         Ok(ops) => ops,
         Err(_) => return,
     };
@@ -159,8 +212,12 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, reply: Reply) {
 /// Events read from the log per store read while catching a subscriber up.
 const SUBSCRIPTION_HISTORY_CHUNK: usize = 1024;
 
-async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, reply: Reply) {
-    let Some((mut live, last_seq, sub_id)) = shared.hub.subscribe(sub.scope) else {
+async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, peer_key: Option<PublicKey>, reply: Reply) {
+    if let Err(reason) = may_see(&shared, peer_key.as_ref(), &sub.scope) {
+        return refuse(&reply, "subscribe", reason).await;
+    }
+    let key = peer_key.expect("may_see refuses the anonymous");
+    let Some((mut live, last_seq, sub_id)) = shared.hub.subscribe(sub.scope, key) else {
         metrics::counter!("dagfold_subscriptions_refused_total").increment(1);
         let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: sub.from_seq }).encode()).await;
         return;
@@ -208,7 +265,11 @@ async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, reply: Repl
                 }
             }
             None => {
-                // The hub dropped us: we fell behind. Say where to resume.
+                // The hub dropped us: the key lost the scope (a removal was
+                // applied), or we fell behind: say where to resume.
+                if let Err(reason) = may_see(&shared, Some(&key), &sub.scope) {
+                    return refuse(&reply, "subscribe", reason).await;
+                }
                 let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: next }).encode()).await;
                 return;
             }

@@ -51,9 +51,15 @@ pub(super) fn run<S: Store>(
         histogram!("dagfold_end_to_end_seconds").record(received.elapsed().as_secs_f64());
         counter!("dagfold_applied_total").increment(commit.applied.len() as u64);
         shared.applied_total.fetch_add(commit.applied.len() as u64, Ordering::Relaxed);
+        // Scopes whose members changed, for the node to end the live
+        // subscriptions of members removed (SPEC §10).
+        let mut members = Vec::new();
         {
             let mut st = shared.status.write().unwrap();
             for s in statuses {
+                if st.get(&s.scope).is_none_or(|old| old.members != s.members) {
+                    members.push((s.scope, s.members.iter().map(|(k, _)| *k).collect()));
+                }
                 st.insert(s.scope, s);
             }
         }
@@ -76,6 +82,6 @@ pub(super) fn run<S: Store>(
             .zip(conns)
             .map(|((id, scope), conn)| (*id, *scope, bytes.get(id.as_slice()).map(|v| (*v).clone()).unwrap_or_default(), conn))
             .collect();
-        on_durable(Committed { events: commit.events, applied });
+        on_durable(Committed { events: commit.events, applied, members });
     }
 }

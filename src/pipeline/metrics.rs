@@ -79,6 +79,9 @@ pub(super) fn publish_engine_stats(engine: &mut Engine) {
     gauge!("dagfold_engine_malformed_total").set(s.malformed as f64);
     gauge!("dagfold_engine_bad_signature_total").set(s.bad_signature as f64);
     gauge!("dagfold_engine_duplicates_total").set(s.duplicates as f64);
+    // API.md, "Which scopes a node holds": one reason so far, a genesis whose
+    // author is neither the node, nor accepted, nor of a followed scope.
+    gauge!("dagfold_engine_genesis_refused_total", "reason" => "author_not_accepted").set(s.genesis_refused as f64);
     for r in crate::core::Reason::ALL {
         gauge!("dagfold_engine_dropped_total", "reason" => r.name()).set(s.dropped[r.code() as usize] as f64);
     }

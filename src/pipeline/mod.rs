@@ -185,6 +185,9 @@ pub struct Committed {
     pub events: Vec<crate::core::EventOut>,
     /// Applied ops: id, scope, encoding, connection (0 if woken by a cascade).
     pub applied: Vec<(Hash, Hash, Vec<u8>, ConnId)>,
+    /// Scopes whose members (any role, at the governance heads) changed
+    /// with this commit, with their members now, sorted.
+    pub members: Vec<(Hash, Vec<crate::protocol::PublicKey>)>,
 }
 
 /// What the pipeline shares with the rest of the node.

@@ -23,6 +23,13 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error("injected fault: {0}")]
     Injected(&'static str),
+    /// The data directory holds the identity's secret keys, every group key
+    /// and decrypted cells: a directory other users may enter is refused.
+    #[error(
+        "the data directory {path} is open to other users (mode {mode:o}); it holds the node's secret keys and decrypted state. \
+         Make it private (chmod 700 {path}) and consider the keys in it exposed if others could read them"
+    )]
+    NotPrivate { path: String, mode: u32 },
 }
 
 pub trait Store: TableScan + Send {
@@ -39,6 +46,38 @@ pub trait Store: TableScan + Send {
     fn cold_reader(&self) -> Option<Box<dyn crate::core::ColdOps>> {
         None
     }
+}
+
+/// Makes `path` the node's private data directory: created owner-only
+/// (0700) if missing, made so if it exists empty (it holds nothing yet),
+/// refused if it holds anything and has any group or other permission bit;
+/// and the process's umask set to 0077, so that every file RocksDB and the
+/// node create in it afterwards is 0600.
+pub fn private_dir(path: &std::path::Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        // SAFETY: umask only sets the process's file-creation mask.
+        unsafe { libc::umask(0o077) };
+        match std::fs::metadata(path) {
+            Ok(m) => {
+                let mode = m.permissions().mode() & 0o777;
+                if mode & 0o077 != 0 {
+                    if std::fs::read_dir(path)?.next().is_some() {
+                        return Err(StoreError::NotPrivate { path: path.display().to_string(), mode });
+                    }
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))?;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    #[cfg(not(unix))]
+    std::fs::create_dir_all(path)?;
+    Ok(())
 }
 
 /// Bytes of the files under `path` (the store's footprint on disk).

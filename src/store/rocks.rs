@@ -17,8 +17,10 @@ pub struct RocksStore {
 }
 
 impl RocksStore {
+    /// Opens (or creates) the store in `path`, a private directory
+    /// (`super::private_dir`: refused if other users may enter it).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(path)?;
+        super::private_dir(path)?;
         keep_rocksdb_allocations_on_the_heap();
         let mut opts = Options::default();
         opts.create_if_missing(true);

@@ -29,6 +29,13 @@ pub struct NodeProc {
 
 impl NodeProc {
     pub fn start(data_dir: &Path, listen: SocketAddr, admin: SocketAddr, extra: &[String]) -> NodeProc {
+        // The tests' scopes are made by the workload's keys.
+        NodeProc::start_with_policy(data_dir, listen, admin, &[&["--accept-any-scope".to_string()], extra].concat())
+    }
+
+    /// A node with only `extra` (no `--accept-any-scope`): the node's own
+    /// genesis policy unless `extra` says otherwise.
+    pub fn start_with_policy(data_dir: &Path, listen: SocketAddr, admin: SocketAddr, extra: &[String]) -> NodeProc {
         let mut args = vec![
             "node".to_string(),
             "--data-dir".into(),
@@ -123,6 +130,24 @@ fn spawn(args: &[String]) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawning dagfold node")
+}
+
+/// The public key (hex) of the node whose data directory is `data_dir`,
+/// made there if new (`dagfold identity`; the node must not be running).
+pub fn identity_key(data_dir: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_dagfold"))
+        .args(["identity", "--data-dir", data_dir.to_str().unwrap()])
+        .output()
+        .expect("running dagfold identity");
+    assert!(out.status.success(), "dagfold identity: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("identity JSON");
+    v["public_key"].as_str().expect("public_key").to_owned()
+}
+
+/// `--peer KEY@ADDR` for the node of `data_dir` listening on `listen`: a
+/// peer configured by key, served every scope (SPEC §10).
+pub fn peer_flags(data_dir: &Path, listen: SocketAddr) -> [String; 2] {
+    ["--peer".to_owned(), format!("{}@{listen}", identity_key(data_dir))]
 }
 
 pub fn loopback(port: u16) -> SocketAddr {

@@ -75,9 +75,14 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
     seed_identity(&dir_b, &id_b)?;
     let (la, lb) = (crate::proc::loopback(crate::proc::free_port()), crate::proc::loopback(crate::proc::free_port()));
     let (ha, hb) = (crate::proc::loopback(crate::proc::free_port()), crate::proc::loopback(crate::proc::free_port()));
-    let hb_flags = |peer: std::net::SocketAddr| vec!["--peer".to_string(), peer.to_string(), "--heartbeat-ms".into(), "200".into()];
-    let mut b = NodeProc::at("peer B", &bins.dagfold, &dir_b, &work.join("b.log"), lb, hb, &hb_flags(la));
-    let mut a_flags = hb_flags(lb);
+    // Each configures the other by key (`KEY@ADDR`), so each is served every
+    // scope (SPEC §10); the subscriber on A proves B's key for the same reason.
+    let hb_flags = |key: &dagfold::core::Identity, peer: std::net::SocketAddr| {
+        vec!["--peer".to_string(), format!("{}@{peer}", hex::encode(key.public_key)), "--heartbeat-ms".into(), "200".into()]
+    };
+    let subscriber_key = crate::proc::key_file(work, "subscriber.key", &id_b.seed)?;
+    let mut b = NodeProc::at("peer B", &bins.dagfold, &dir_b, &work.join("b.log"), lb, hb, &hb_flags(&id_a, la));
+    let mut a_flags = hb_flags(&id_b, lb);
     a_flags.extend(["--commit-ops-max".to_string(), a.commit_ops_max.to_string()]);
     let mut node = NodeProc::at("node A", &bins.dagfold, &dir_a, &work.join("a.log"), la, ha, &a_flags);
     b.start(Duration::from_secs(60))?;
@@ -105,6 +110,8 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
         &bins.dagfold,
         &[
             "subscribe".into(),
+            "--identity".into(),
+            subscriber_key.display().to_string(),
             "--node".into(),
             la.to_string(),
             "--scope".into(),

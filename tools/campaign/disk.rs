@@ -121,9 +121,14 @@ pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json:
     seed_identity(&dir_a, &id_a)?;
     seed_identity(&dir_b, &id_b)?;
     let (la, lb, ha, hb) = (loopback(free_port()), loopback(free_port()), loopback(free_port()), loopback(free_port()));
-    let flags = |peer: std::net::SocketAddr| vec!["--peer".to_string(), peer.to_string(), "--heartbeat-ms".into(), "200".into()];
-    let mut b = NodeProc::at("peer B", &bins.dagfold, &dir_b, &work.join("b.log"), lb, hb, &flags(la));
-    let mut node = NodeProc::at("node A", &bins.dagfold, &dir_a, &work.join("a.log"), la, ha, &flags(lb));
+    // Each configures the other by key (`KEY@ADDR`), so each is served every
+    // scope (SPEC §10); the subscriber on A proves B's key for the same reason.
+    let flags = |key: &dagfold::core::Identity, peer: std::net::SocketAddr| {
+        vec!["--peer".to_string(), format!("{}@{peer}", hex::encode(key.public_key)), "--heartbeat-ms".into(), "200".into()]
+    };
+    let subscriber_key = crate::proc::key_file(work, "subscriber.key", &id_b.seed)?;
+    let mut b = NodeProc::at("peer B", &bins.dagfold, &dir_b, &work.join("b.log"), lb, hb, &flags(&id_a, la));
+    let mut node = NodeProc::at("node A", &bins.dagfold, &dir_a, &work.join("a.log"), la, ha, &flags(&id_b, lb));
     b.start(Duration::from_secs(60))?;
     if fault == "efbig" {
         node.file_size_limit = Some(a.fsize_kb * 1024);
@@ -146,6 +151,8 @@ pub fn run(a: &DiskArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json:
         &bins.dagfold,
         &[
             "subscribe".into(),
+            "--identity".into(),
+            subscriber_key.display().to_string(),
             "--node".into(),
             la.to_string(),
             "--scope".into(),

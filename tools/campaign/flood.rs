@@ -110,9 +110,21 @@ impl Sizes {
 }
 
 /// Node flags per kind (the same for its clean and its flood run).
+/// The identity the flood's clients present: the node is told it is a peer
+/// (`--peer KEY@127.0.0.1:1`, a port nothing listens on), so that its
+/// subscriptions and syncs are served (SPEC §10) and the floods measure
+/// the node's bounds, not its refusals.
+const FLOOD_CLIENT_SEED: [u8; 32] = [0x5a; 32];
+
+fn flood_identity() -> dagfold::net::NodeCert {
+    dagfold::net::identity_cert(&FLOOD_CLIENT_SEED).expect("identity certificate")
+}
+
 fn node_flags(kind: &str, sz: &Sizes) -> Vec<String> {
     let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    match kind {
+    let key = hex::encode(dagfold::node::subscribe::public_key_of(&FLOOD_CLIENT_SEED));
+    let mut flags = f(&["--peer", &format!("{key}@127.0.0.1:1")]);
+    flags.extend(match kind {
         // Most orphans must be evicted: a quarter of them fit.
         "orphans" => {
             let total = (sz.orphans / 4).max(2);
@@ -120,7 +132,8 @@ fn node_flags(kind: &str, sz: &Sizes) -> Vec<String> {
         }
         "connections" => f(&["--connections-max", "64"]),
         _ => Vec::new(),
-    }
+    });
+    flags
 }
 
 /// What a flood shares with the campaign while it runs.
@@ -483,7 +496,7 @@ async fn flood(kind: &str, ctx: Ctx) -> serde_json::Value {
 }
 
 fn endpoint(cfg: &ServerConfig) -> anyhow::Result<quinn::Endpoint> {
-    dagfold::net::client_endpoint("127.0.0.1:0".parse().unwrap(), cfg).map_err(anyhow::Error::from)
+    dagfold::net::client::client_endpoint_as("127.0.0.1:0".parse().unwrap(), cfg, Some(&flood_identity())).map_err(anyhow::Error::from)
 }
 
 async fn connect(ep: &quinn::Endpoint, addr: SocketAddr) -> anyhow::Result<quinn::Connection> {
@@ -863,7 +876,7 @@ async fn subscribers_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     let eps: Vec<quinn::Endpoint> = (0..(n + quiet_n + 1).div_ceil(32))
         .map(|h| {
             let bind = SocketAddr::from(([127, 0, 1, 1 + h as u8], 0));
-            dagfold::net::client_endpoint(bind, &small).map_err(anyhow::Error::from)
+            dagfold::net::client::client_endpoint_as(bind, &small, Some(&flood_identity())).map_err(anyhow::Error::from)
         })
         .collect::<Result<_, _>>()?;
     let ep = eps.last().expect("at least one").clone();

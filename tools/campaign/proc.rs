@@ -62,6 +62,16 @@ pub struct NodeProc {
     pub file_size_limit: Option<u64>,
 }
 
+/// Writes `seed` as an identity key file (`dagfold subscribe --identity`),
+/// owner-only, in `dir`.
+pub fn key_file(dir: &Path, name: &str, seed: &[u8; 32]) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, hex::encode(seed))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(path)
+}
+
 impl NodeProc {
     pub fn new(name: &str, bin: &Path, data_dir: &Path, log: &Path, extra: &[String]) -> NodeProc {
         let (listen, admin) = (loopback(free_port()), loopback(free_port()));
@@ -77,6 +87,8 @@ impl NodeProc {
             listen.to_string(),
             "--admin".into(),
             admin.to_string(),
+            // The campaigns' scopes are made by the load generator's keys.
+            "--accept-any-scope".into(),
         ];
         args.extend(extra.iter().cloned());
         NodeProc {

@@ -1,0 +1,224 @@
+//! SPEC §10 and API.md, against the `dagfold` binary over QUIC on loopback:
+//! what reveals a scope is served only to a proven member or a peer
+//! configured by key; the data directory is private; geneses follow the
+//! node's policy. `docs/SECURITY.md` ties each line of the threat model to
+//! these tests.
+
+mod common;
+
+use std::time::Duration;
+
+use common::node::*;
+use dagfold::net::{FrameError, StreamFrames, ERR_UNAUTHORIZED};
+use dagfold::protocol::node::{NodeMessage, Subscribe, SyncRequest};
+use dagfold::protocol::{Hash, ZERO};
+use dagfold::workload::{generate, Workload, WorkloadConfig};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn workload_for(n: &NodeProc, cfg: &WorkloadConfig) -> Workload {
+    let (pk, kem) = n.identity();
+    generate(cfg, pk, kem)
+}
+
+/// Opens a bidirectional stream to `n` as the identity of `seed` (anonymous
+/// when `None`) and writes `request` on it.
+async fn ask(n: &NodeProc, seed: Option<[u8; 32]>, request: NodeMessage) -> (dagfold::net::FrameWriter, StreamFrames) {
+    let cfg = dagfold::net::ServerConfig::default();
+    let cert = seed.map(|s| dagfold::net::identity_cert(&s).unwrap());
+    let ep = dagfold::net::client::client_endpoint_as("127.0.0.1:0".parse().unwrap(), &cfg, cert.as_ref()).unwrap();
+    let conn = tokio::time::timeout(WAIT, dagfold::net::connect(&ep, n.listen)).await.unwrap().unwrap();
+    let (mut w, r) = dagfold::net::open_bi(&conn).await.unwrap();
+    w.write(&request.encode()).await.unwrap();
+    // The endpoint and connection live as long as the stream's handles.
+    std::mem::forget((ep, conn));
+    (w, r)
+}
+
+fn refused<T>(read: &Result<T, FrameError>) -> bool {
+    matches!(read, Err(FrameError::Reset(code)) if code.into_inner() == u64::from(ERR_UNAUTHORIZED))
+}
+
+/// Reads the next event's sequence number, or what ended the stream.
+async fn next_event(r: &mut StreamFrames) -> Result<Option<u64>, FrameError> {
+    loop {
+        let frame = tokio::time::timeout(WAIT, r.read()).await.expect("a frame in time")?;
+        let Some(frame) = frame else { return Ok(None) };
+        if let Some(NodeMessage::Event(e)) = NodeMessage::decode(&frame) {
+            return Ok(Some(e.seq));
+        }
+    }
+}
+
+fn subscribe(scope: Hash) -> NodeMessage {
+    NodeMessage::Subscribe(Subscribe { scope, from_seq: 1 })
+}
+
+/// An anonymous client and a key that is no member are refused; a member is
+/// served; a member removed while subscribed loses its subscription the
+/// moment the removal is applied, while another member's goes on.
+#[test]
+fn subscriptions_are_served_only_to_members() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &[]);
+    let w = workload_for(&n, &WorkloadConfig { seed: 31, data_ops: 200, writers: 2, remove_writer_at: Some(100), ..Default::default() });
+    let first_data = w.messages.iter().position(|m| m.is_data).unwrap();
+    let removal = first_data + w.messages[first_data..].iter().position(|m| !m.is_data).expect("the removal op");
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(n.listen, &frames[..removal], 1, 1);
+    let before = w.messages[..removal].iter().filter(|m| m.id != ZERO).count() as u64;
+    assert!(wait_until(WAIT, || n.scope(&w.scope).is_some_and(|s| s["applied"].as_u64() == Some(before))));
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let (_w0, mut anonymous) = ask(&n, None, subscribe(w.scope)).await;
+        assert!(refused(&anonymous.read().await), "an anonymous subscriber is refused");
+        let (_w1, mut stranger) = ask(&n, Some([9; 32]), subscribe(w.scope)).await;
+        assert!(refused(&stranger.read().await), "a key that is no member is refused");
+
+        let (_w2, mut stays) = ask(&n, Some(w.writers[1].seed), subscribe(w.scope)).await;
+        let (_w3, mut removed) = ask(&n, Some(w.writers[0].seed), subscribe(w.scope)).await;
+        for seq in 1..=100u64 {
+            assert_eq!(next_event(&mut stays).await.unwrap(), Some(seq));
+            assert_eq!(next_event(&mut removed).await.unwrap(), Some(seq), "a member is served");
+        }
+        // The removal and the rest of the scope.
+        let rest = frames[removal..].to_vec();
+        let listen = n.listen;
+        tokio::task::spawn_blocking(move || send_frames(listen, &rest, 1, 1)).await.unwrap();
+        let end = loop {
+            match next_event(&mut removed).await {
+                Ok(Some(_)) => continue,
+                other => break other,
+            }
+        };
+        assert!(refused(&end), "the removed member's subscription ends refused: {end:?}");
+        assert_eq!(next_event(&mut stays).await.unwrap(), Some(101), "the other member's goes on");
+    });
+    assert!(n.metric("dagfold_subscriptions_revoked_total") >= 1.0);
+    assert!(n.metric("dagfold_requests_refused_total") >= 3.0);
+}
+
+/// Sync is served to a member and to a peer configured by key, refused to
+/// an anonymous client and to a stranger; a request for ids of any scope
+/// (scope ZERO) serves a stranger nothing; a stranger's heartbeat is not
+/// heard.
+#[test]
+fn sync_and_heartbeats_are_served_only_to_members_and_peers() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer_seed = [0x33u8; 32];
+    let peer = format!("{}@127.0.0.1:1", hex::encode(dagfold::node::subscribe::public_key_of(&peer_seed)));
+    let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &["--peer".into(), peer]);
+    let w = workload_for(&n, &WorkloadConfig { seed: 32, data_ops: 50, writers: 2, ..Default::default() });
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(n.listen, &frames, 1, 1);
+    let total = w.messages.iter().filter(|m| m.id != ZERO).count() as u64;
+    assert!(wait_until(WAIT, || n.scope(&w.scope).is_some_and(|s| s["applied"].as_u64() == Some(total))));
+    let heads: Vec<Hash> = w.data_heads.clone();
+    let request = |scope| NodeMessage::SyncRequest(SyncRequest { scope, want: heads.clone(), have: Vec::new(), max_ops: 100 });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        async fn served(mut r: StreamFrames) -> Result<u32, FrameError> {
+            let mut ops = 0;
+            while let Some(frame) = tokio::time::timeout(WAIT, r.read()).await.expect("in time")? {
+                match NodeMessage::decode(&frame) {
+                    Some(NodeMessage::SyncDone(d)) => {
+                        assert_eq!(d.sent, ops);
+                        return Ok(ops);
+                    }
+                    _ => ops += 1,
+                }
+            }
+            Ok(ops)
+        }
+        let (_a, r) = ask(&n, None, request(w.scope)).await;
+        assert!(matches!(served(r).await, Err(FrameError::Reset(c)) if c.into_inner() == u64::from(ERR_UNAUTHORIZED)), "anonymous");
+        let (_b, r) = ask(&n, Some([9; 32]), request(w.scope)).await;
+        assert!(served(r).await.is_err(), "a stranger is refused");
+        let (_c, r) = ask(&n, Some([9; 32]), request(ZERO)).await;
+        assert_eq!(served(r).await.unwrap(), 0, "ids of any scope: nothing of a scope the stranger may not see");
+        let (_d, r) = ask(&n, Some(w.writers[0].seed), request(w.scope)).await;
+        assert!(served(r).await.unwrap() > 0, "a member is served");
+        let (_e, r) = ask(&n, Some(peer_seed), request(ZERO)).await;
+        assert!(served(r).await.unwrap() > 0, "a peer configured by key is served");
+
+        // A stranger's heartbeat naming heads the node lacks is not heard.
+        let cfg = dagfold::net::ServerConfig::default();
+        let cert = dagfold::net::identity_cert(&[9; 32]).unwrap();
+        let ep = dagfold::net::client::client_endpoint_as("127.0.0.1:0".parse().unwrap(), &cfg, Some(&cert)).unwrap();
+        let conn = dagfold::net::connect(&ep, n.listen).await.unwrap();
+        let beat = dagfold::protocol::node::ScopeBeat { scope: w.scope, root: ZERO, governance_heads: vec![[1; 32]], data_heads: vec![] };
+        let hb = NodeMessage::Heartbeat(dagfold::protocol::node::Heartbeat { scopes: vec![beat] }).encode();
+        dagfold::net::send_frames_uni(&conn, [hb]).await.unwrap();
+    });
+    assert!(wait_until(WAIT, || n.metric("dagfold_heartbeats_received_total") >= 1.0));
+    let text = n.get("/metrics").unwrap().1;
+    assert!(
+        text.lines().any(|l| l.starts_with("dagfold_requests_refused_total") && l.contains("request=\"heartbeat\"")),
+        "the stranger's heartbeat is counted as refused"
+    );
+}
+
+/// The data directory and every file in it are private after a run (0700,
+/// 0600); a node refuses to start on a directory others may enter.
+#[test]
+fn the_data_directory_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("node");
+    let mut n = NodeProc::start(&data, loopback(free_port()), loopback(free_port()), &[]);
+    n.stop();
+    let mut open = Vec::new();
+    let mut dirs = vec![data.clone()];
+    while let Some(d) = dirs.pop() {
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+        if mode & 0o077 != 0 {
+            open.push((d.clone(), mode));
+        }
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                dirs.push(e.path());
+            } else if m.permissions().mode() & 0o077 != 0 {
+                open.push((e.path(), m.permissions().mode()));
+            }
+        }
+    }
+    assert!(open.is_empty(), "open to others: {open:?}");
+
+    // A directory others may enter that already holds something (an empty
+    // one holds no secret yet: the node makes it private).
+    let shared = root.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::write(shared.join("LOCK"), b"").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dagfold"))
+        .args(["node", "--data-dir", shared.to_str().unwrap(), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a node on a directory others may read does not start");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("open to other users") && err.contains("chmod 700"), "the message says what to do: {err}");
+}
+
+/// A genesis from a stranger is refused and counted; the same from a node
+/// told `--accept-scopes-from` its author is applied.
+#[test]
+fn a_strangers_genesis_is_refused_unless_its_author_is_accepted() {
+    let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let strict = NodeProc::start_with_policy(d0.path(), loopback(free_port()), loopback(free_port()), &[]);
+    let w = workload_for(&strict, &WorkloadConfig { seed: 33, data_ops: 20, ..Default::default() });
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(strict.listen, &frames, 1, 1);
+    assert!(wait_until(WAIT, || strict.metric("dagfold_engine_genesis_refused_total") >= 1.0 || strict.get("/metrics").is_some_and(|(_, t)| t.contains("verdict=\"genesis_refused\""))));
+    assert!(strict.scope(&w.scope).is_none(), "the stranger's scope is not held");
+
+    let admin = hex::encode(w.admin.public_key);
+    let trusting = NodeProc::start_with_policy(d1.path(), loopback(free_port()), loopback(free_port()), &["--accept-scopes-from".into(), admin]);
+    let w = workload_for(&trusting, &WorkloadConfig { seed: 33, data_ops: 20, ..Default::default() });
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(trusting.listen, &frames, 1, 1);
+    let total = w.messages.iter().filter(|m| m.id != ZERO).count() as u64;
+    assert!(wait_until(WAIT, || trusting.scope(&w.scope).is_some_and(|s| s["applied"].as_u64() == Some(total))));
+}
