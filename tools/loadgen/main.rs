@@ -105,6 +105,28 @@ struct NodeAddrs {
     /// The node's HTTP status address.
     #[arg(long, default_value = "127.0.0.1:7401")]
     admin: SocketAddr,
+    /// A key file (64 hex: an Ed25519 seed; made, owner-only, if missing)
+    /// whose identity is presented in the handshake (SPEC §10); anonymous
+    /// without one.
+    #[arg(long)]
+    identity: Option<std::path::PathBuf>,
+    /// The node's public key (64 hex): the handshake aborts unless the node
+    /// proves it.
+    #[arg(long)]
+    node_key: Option<String>,
+}
+
+impl NodeAddrs {
+    /// The endpoint to send from (presenting `--identity`), its config, the
+    /// identity and the node to dial (with `--node-key`).
+    fn dialing(&self) -> anyhow::Result<(quinn::Endpoint, dagfold::net::ServerConfig, Option<dagfold::net::NodeCert>, dagfold::net::PeerAddr)> {
+        let ncfg = dagfold::net::ServerConfig::default();
+        let seed = self.identity.as_deref().map(dagfold::node::subscribe::load_or_create_key_file).transpose()?;
+        let cert = seed.as_ref().map(dagfold::net::identity_cert).transpose()?;
+        let key = self.node_key.as_deref().map(|k| parse_hash_hex(k).ok_or_else(|| anyhow!("--node-key takes 64 hex characters"))).transpose()?;
+        let endpoint = dagfold::net::client::client_endpoint_as(self.bind, &ncfg, cert.as_ref())?;
+        Ok((endpoint, ncfg, cert, dagfold::net::PeerAddr { key, addr: self.node }))
+    }
 }
 
 #[derive(clap::Args, Clone)]
@@ -389,13 +411,12 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     let send_ms: Arc<Vec<AtomicU64>> = Arc::new((0..n_data).map(|_| AtomicU64::new(u64::MAX)).collect());
     let t0 = Instant::now();
     let result = rt.block_on(async {
-        let ncfg = dagfold::net::ServerConfig::default();
-        let endpoint = dagfold::net::client_endpoint(a.to.bind, &ncfg)?;
-        let first = dagfold::net::connect(&endpoint, a.to.node).await?;
+        let (endpoint, ncfg, cert, peer) = a.to.dialing()?;
+        let first = dagfold::net::connect_peer(&endpoint, &ncfg, cert.as_ref(), &peer).await?;
         dagfold::net::send_frames_uni(&first, &prefix).await?;
         let mut conns = vec![first];
         for _ in 1..a.connections.max(1) {
-            conns.push(dagfold::net::connect(&endpoint, a.to.node).await?);
+            conns.push(dagfold::net::connect_peer(&endpoint, &ncfg, cert.as_ref(), &peer).await?);
         }
         let data = Arc::new(data);
         let mut tasks = Vec::new();
@@ -763,8 +784,8 @@ fn send(a: SendArgs) -> anyhow::Result<serde_json::Value> {
     let total_frames = file.prefix.len() + file.data.len();
     let file = Arc::new(file);
     rt.block_on(async {
-        let ncfg = dagfold::net::ServerConfig::default();
-        let endpoint = dagfold::net::client_endpoint(a.to.bind, &ncfg)?;
+        let (endpoint, ncfg, cert, peer) = a.to.dialing()?;
+        let (ncfg, cert) = (Arc::new(ncfg), Arc::new(cert));
         loop {
             if Instant::now() > deadline {
                 return Err(anyhow!(
@@ -788,10 +809,10 @@ fn send(a: SendArgs) -> anyhow::Result<serde_json::Value> {
             let attempt = {
                 let file = file.clone();
                 let sent = sent.clone();
-                let endpoint = endpoint.clone();
-                let (node, rate, streams) = (a.to.node, a.rate, a.streams.max(1));
+                let (endpoint, ncfg, cert) = (endpoint.clone(), ncfg.clone(), cert.clone());
+                let (rate, streams) = (a.rate, a.streams.max(1));
                 async move {
-                    let conn = dagfold::net::connect(&endpoint, node).await?;
+                    let conn = dagfold::net::connect_peer(&endpoint, &ncfg, cert.as_ref().as_ref(), &peer).await?;
                     dagfold::net::send_frames_uni(&conn, &file.prefix).await?;
                     sent.fetch_add(file.prefix.len() as u64, Ordering::Relaxed);
                     let mut tasks = Vec::new();
