@@ -325,3 +325,43 @@ fn load_generator_short_run() {
     assert!(n.metric("dagfold_engine_bad_signature_total") > 0.0);
     assert!(n.metric("dagfold_engine_dropped_total") > 0.0);
 }
+
+/// Three nodes holding 1,000 scopes, none of them gossiped (node 0 applied
+/// them before it had peers): nodes 1 and 2 converge on every scope by
+/// heartbeat and sync alone. A heartbeat carries 128 scopes, so this needs
+/// heartbeats that go through every scope a peer may see, in pages (before,
+/// the first 128 by id were all a heartbeat ever named).
+#[test]
+fn a_thousand_scopes_converge_by_heartbeat_and_sync() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let listens: Vec<_> = (0..3).map(|_| loopback(free_port())).collect();
+    let keys: Vec<String> = dirs.iter().map(|d| identity_key(d.path())).collect();
+    let peers_of = |i: usize| -> Vec<String> {
+        let mut v = vec!["--heartbeat-ms".to_string(), "200".into()];
+        for j in (0..3).filter(|&j| j != i) {
+            v.extend(["--peer".to_string(), format!("{}@{}", keys[j], listens[j])]);
+        }
+        v
+    };
+    // Node 0 alone first: what it applies now is never gossiped.
+    let mut n0 = NodeProc::start(dirs[0].path(), listens[0], loopback(free_port()), &[]);
+    let scopes: Vec<Workload> = (0..1000)
+        .map(|i| workload_for(&n0, &WorkloadConfig { seed: 1000 + i, data_ops: 2, writers: 1, events_per_op: 0, ..Default::default() }))
+        .collect();
+    let frames: Vec<Vec<u8>> = scopes.iter().flat_map(|w| w.messages.iter().map(|m| m.frame.clone())).collect();
+    send_frames(n0.listen, &frames, 1, 1);
+    let applied = |n: &NodeProc| scopes.iter().all(|w| n.scope(&w.scope).is_some_and(|s| s["root"] == hex::encode(w.final_root)));
+    assert!(wait_until(Duration::from_secs(60), || applied(&n0)), "node 0 applied every scope");
+    n0.stop();
+    let n0 = NodeProc::start(dirs[0].path(), listens[0], n0.admin, &peers_of(0));
+    let others: Vec<NodeProc> = (1..3).map(|i| NodeProc::start(dirs[i].path(), listens[i], loopback(free_port()), &peers_of(i))).collect();
+    // Their keys, delivered to them directly (key deliveries are not gossiped).
+    for n in &others {
+        let kds: Vec<Vec<u8>> = scopes.iter().flat_map(|w| deliveries_for(w, &[n])).collect();
+        send_frames(n.listen, &kds, 1, 1);
+    }
+    for (i, n) in others.iter().enumerate() {
+        assert!(wait_until(Duration::from_secs(120), || applied(n)), "node {} did not converge on every scope", i + 1);
+    }
+    drop(n0);
+}
