@@ -43,7 +43,12 @@ pub const COLD_FILTER_BYTES: usize = 16 << 20;
 
 /// Governance states at a cut kept in the cache. Data ops overwhelmingly use
 /// the current governance heads; a handful of older cuts are in use while
-/// writers catch up with a governance change.
+/// writers catch up with a governance change. The least recently used entry
+/// is evicted, one at a time (`core::governance`), not all when full: a flood of distinct
+/// cuts then recomputes its own cuts, not those of every honest op. (The
+/// keys ever made members of a scope, checked before any cut is computed,
+/// need no bound of their own: one per accepted genesis or `AddMember`,
+/// and those are bounded by what the scope's admins sign.)
 pub const GOV_CUT_CACHE_MAX: usize = 256;
 
 /// Work items one cascade may process before it asserts: a cascade releases

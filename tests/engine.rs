@@ -235,3 +235,48 @@ fn geneses_follow_the_nodes_policy() {
     let mut e = Engine::new(trusted, node());
     assert_eq!(e.handle_frame(genesis, 0), Outcome::Applied, "an accepted author's genesis");
 }
+
+/// Issue 20: an op by a key that no governance op of its scope ever made a
+/// member is unauthorized (after the dependency checks, as SPEC §6 orders
+/// them) without `G(cut)` computed, whichever of the scope's cuts it cites:
+/// the governance cache sees neither a hit nor a miss. A writer's op at a
+/// cut where it is not a member still computes the state it is judged at.
+#[test]
+fn a_strangers_op_is_unauthorized_without_computing_its_cut() {
+    use dagfold::core::{decode_frame, Decoded, Reason};
+    let w = workload(WorkloadConfig { data_ops: 20, writers: 2, rotate_at: Some(10), ..Default::default() });
+    let mut e = Engine::new(Config::default(), node());
+    for m in &w.messages {
+        e.handle_frame(&m.frame, 0);
+    }
+    assert_eq!(e.scope_root(&w.scope), Some(w.final_root));
+    let gov: Vec<Hash> = w.messages.iter().filter(|m| !m.is_data && m.id != ZERO).map(|m| m.id).collect();
+    assert!(gov.len() >= 3, "genesis, members, rotation");
+    let Ok(Decoded::Op { op: template, .. }) = decode_frame(&w.messages.iter().rev().find(|m| m.is_data).unwrap().frame) else {
+        panic!("a data op")
+    };
+    let stranger = dagfold::workload::Member { seed: [77; 32], public_key: dagfold::protocol::sig::public_key_from_seed(&[77; 32]) };
+    let before = e.governance_cache_stats();
+    for (n, g) in gov.iter().enumerate() {
+        let data = Op { parents: Vec::new(), cut: vec![*g], hlc: 1 << 40, ..template.clone() };
+        let govern = Op { plane: PLANE_GOVERNANCE, parents: vec![*g], cut: Vec::new(), hlc: (1 << 40) + n as u64, ..template.clone() };
+        for mut op in [data, govern] {
+            let (frame, id) = dagfold::workload::sign_op(&mut op, &stranger);
+            assert_eq!(e.handle_frame(&frame, 0), Outcome::Dropped(Reason::Unauthorized));
+            assert_eq!(e.op_state(&id), OpState::Dropped(Reason::Unauthorized));
+        }
+    }
+    assert_eq!(e.governance_cache_stats(), before, "no state computed for a stranger");
+    // Dependency checks still come first: an unknown cut is pending, a cut
+    // of the data plane wrong_plane.
+    let mut op = Op { parents: Vec::new(), cut: vec![[3; 32]], hlc: 1 << 41, ..template.clone() };
+    assert_eq!(e.handle_frame(&dagfold::workload::sign_op(&mut op, &stranger).0, 0), Outcome::NotYet(dagfold::core::BufKind::Pending));
+    let mut op = Op { parents: Vec::new(), cut: vec![w.data_heads[0]], hlc: 1 << 41, ..template.clone() };
+    assert_eq!(e.handle_frame(&dagfold::workload::sign_op(&mut op, &stranger).0, 0), Outcome::Dropped(Reason::WrongPlane));
+    // A writer, a member of the scope at some cut, is judged at the genesis
+    // (where it is not a member): that state is computed.
+    let mut op = Op { parents: Vec::new(), cut: vec![gov[0]], hlc: 1 << 41, ..template };
+    assert_eq!(e.handle_frame(&dagfold::workload::sign_op(&mut op, &w.writers[0]).0, 0), Outcome::Dropped(Reason::Unauthorized));
+    let after = e.governance_cache_stats();
+    assert_eq!(after.0 + after.1, before.0 + before.1 + 1, "a member's op computes (or finds) its state");
+}

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use dagfold::core::{decode_frame, Config, Decoded, Engine, Identity};
+use dagfold::protocol::KeyDelivery;
 use dagfold::pipeline::{Pipeline, PipelineConfig, Work};
 use dagfold::store::memory::MemStore;
 use dagfold::workload::{generate, WorkloadConfig};
@@ -11,7 +12,7 @@ use dagfold::workload::{generate, WorkloadConfig};
 fn work_of(frame: &[u8]) -> Work {
     match decode_frame(frame).expect("generated frames decode") {
         Decoded::Op { id, op, bytes } => Work::Op { id, op, bytes, conn: 1, host: None },
-        Decoded::Key(kd) => Work::Key(kd),
+        Decoded::Key(kd) => Work::Key { kd, host: None },
     }
 }
 
@@ -83,4 +84,60 @@ fn a_heartbeat_is_compared_with_the_root_at_its_point_of_the_input() {
     assert_eq!(shared.divergences_heartbeat.load(std::sync::atomic::Ordering::Relaxed), 1);
     let published = shared.status.read().unwrap().get(&w.scope).cloned().expect("published");
     assert_eq!(published.root, w.final_root);
+}
+
+/// What the orderer reports of each host, summed over commits.
+#[derive(Default)]
+struct HostTotals(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (u32, u32)>>);
+
+impl dagfold::pipeline::HostOutcomes for HostTotals {
+    fn record(&self, outcomes: &mut dyn Iterator<Item = (std::net::IpAddr, u32, u32)>) {
+        let mut totals = self.0.lock().unwrap();
+        for (host, useful, total) in outcomes {
+            let t = totals.entry(host).or_default();
+            t.0 += useful;
+            t.1 += total;
+        }
+    }
+}
+
+/// Issue 20: a key delivery counts in its host's turn like an op, useful
+/// when accepted, not when ignored (addressed to another key, or of a key
+/// already held), so a host sending junk deliveries gets a smaller share.
+#[test]
+fn ignored_key_deliveries_lower_their_hosts_useful_share() {
+    let id = Identity::from_secrets([25; 32], [26; 32]);
+    let w = generate(&WorkloadConfig { data_ops: 40, rotate_at: Some(20), ..Default::default() }, id.public_key, id.kem_public);
+    let (honest, junk): (std::net::IpAddr, std::net::IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+    let totals = std::sync::Arc::new(HostTotals::default());
+    let cfg = PipelineConfig { applied_bytes: false, host_outcomes: Some(totals.clone()), ..Default::default() };
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id), MemStore::new(), rx, Box::new(|_| {}));
+    let from = |frame: &[u8], host| match work_of(frame) {
+        Work::Op { id, op, bytes, conn, .. } => Work::Op { id, op, bytes, conn, host: Some(host) },
+        Work::Key { kd, .. } => Work::Key { kd, host: Some(host) },
+        _ => unreachable!(),
+    };
+    let mut deliveries = Vec::new();
+    for m in &w.messages {
+        tx.blocking_send(from(&m.frame, honest)).unwrap();
+        if let Decoded::Key(kd) = decode_frame(&m.frame).unwrap() {
+            deliveries.push(kd);
+        }
+    }
+    assert_eq!(deliveries.len(), 2, "the first key and the rotated one");
+    // Junk from the other host: the same deliveries again (their keys are
+    // held) and copies addressed to another recipient.
+    for kd in &deliveries {
+        tx.blocking_send(Work::Key { kd: kd.clone(), host: Some(junk) }).unwrap();
+        tx.blocking_send(Work::Key { kd: KeyDelivery { recipient: [9; 32], ..kd.clone() }, host: Some(junk) }).unwrap();
+    }
+    drop(tx);
+    let shared = pipeline.shared.clone();
+    pipeline.join();
+    assert_eq!(shared.status.read().unwrap().get(&w.scope).map(|s| s.root), Some(w.final_root));
+    let totals = totals.0.lock().unwrap();
+    let n = w.messages.len() as u32;
+    assert_eq!(totals.get(&honest), Some(&(n, n)), "every op applied and every key accepted is useful");
+    assert_eq!(totals.get(&junk), Some(&(0, 4)), "ignored deliveries count, as nothing useful");
 }

@@ -122,7 +122,7 @@ fn scenarios_through_the_pipeline() {
         for m in messages(&scn) {
             let work = match decode_frame(&m) {
                 Ok(Decoded::Op { id, op, bytes }) => Work::Op { id, op, bytes, conn: 1, host: None },
-                Ok(Decoded::Key(kd)) => Work::Key(kd),
+                Ok(Decoded::Key(kd)) => Work::Key { kd, host: None },
                 Err(_) => Work::Malformed,
             };
             tx.blocking_send(work).unwrap();

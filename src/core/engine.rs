@@ -25,7 +25,7 @@ use super::buffers::{Buffered, Buffers};
 use super::cold::{ColdOps, IdFilter};
 use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
-use super::prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
+use super::prejudge::{authorize, PreAuth, Prepared, VerifiedOp};
 use super::projector::Projector;
 use super::tables::{seq_and_bytes, Cf, ScopeRecord, Write, META_FOLLOW_PREFIX};
 use super::types::{BufKind, Config, GenesisPolicy, Identity, Outcome, Reason, Stats};
@@ -468,7 +468,8 @@ impl Engine {
         // Step 3: authorize at the cut.
         let auth = match pre.as_ref().and_then(|p| p.auth) {
             Some(a) => a,
-            None => authorize_at(&self.gov.state_at(op.cut_ids()), op),
+            // Step 2 found every cut id applied, of this scope.
+            None => authorize(&mut self.gov, op),
         };
         match auth {
             PreAuth::Ok => {}

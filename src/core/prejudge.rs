@@ -4,8 +4,8 @@
 //! payload opened (`Prepared`). The engine uses them on an op's first
 //! judgement and computes whatever is missing itself, with the same result.
 
-use super::governance::GovState;
-use crate::protocol::{Hash, Op, Role, PLANE_DATA, PLANE_GOVERNANCE};
+use super::governance::{GovState, Governance};
+use crate::protocol::{Hash, Op, OpKind, Role, PLANE_DATA, PLANE_GOVERNANCE};
 
 /// A signature-checked op on its way in (`delta_id` recomputed).
 #[derive(Clone, Debug)]
@@ -40,6 +40,22 @@ pub fn authorize_at(g: &GovState, op: &Op) -> PreAuth {
     } else {
         PreAuth::Ok
     }
+}
+
+/// `authorize_at(G(cut), op)` for a non-genesis op whose cut ids are all
+/// indexed in `gov` and, as step 2 of SPEC §6 checks before step 3, ops of
+/// the op's own scope (if they are not, the engine drops the op
+/// `wrong_plane` before this result is read). An author that no op of the
+/// scope ever made a member is a member of `G` at none of its cuts: its op
+/// is unauthorized without computing `G(cut)`, a walk over the cut's
+/// ancestors that a flood of strangers' ops citing varied cuts would
+/// otherwise cost once each.
+pub fn authorize(gov: &mut Governance, op: &Op) -> PreAuth {
+    debug_assert!(op.kind() != OpKind::Genesis, "a genesis has no cut");
+    if !gov.ever_member(&op.scope, &op.author) {
+        return PreAuth::Unauthorized;
+    }
+    authorize_at(&gov.state_at(op.cut_ids()), op)
 }
 
 /// Results computed ahead by the authorizer and decryptor stages; the

@@ -95,7 +95,7 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
                 shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host }).await.map_err(|_| IngestClosed)?;
             }
             Incoming::Core(Decoded::Key(kd)) => {
-                shared.ingest.send(Work::Key(kd)).await.map_err(|_| IngestClosed)?;
+                shared.ingest.send(Work::Key { kd, host: Some(crate::net::fair::origin_of(inb.remote)) }).await.map_err(|_| IngestClosed)?;
             }
             Incoming::Node(NodeMessage::Heartbeat(hb)) => {
                 metrics::counter!("dagfold_heartbeats_received_total").increment(1);

@@ -1,7 +1,8 @@
 //! The authorizer: restores the ingest order of the verifiers' batches and
 //! judges each valid op at its cut, on a replica of the governance index
 //! that holds only the governance ops the engine accepted, ahead of the
-//! engine.
+//! engine; an author never made a member of the op's scope is unauthorized
+//! without computing `G(cut)` (`core::prejudge::authorize`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -12,7 +13,7 @@ use metrics::histogram;
 
 use super::metrics::note_age;
 use super::{Batch, Work};
-use crate::core::authorize_at;
+use crate::core::prejudge::authorize;
 use crate::core::governance::Governance;
 use crate::protocol::OpKind;
 
@@ -32,11 +33,11 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Govern
                 if !i.valid || op.kind() == OpKind::Genesis {
                     continue;
                 }
-                let cut = op.cut_ids();
-                if cut.iter().all(|c| g.get(c).is_some()) {
+                if op.cut_ids().iter().all(|c| g.get(c).is_some()) {
                     // A cut of another plane or scope is judged wrong_plane by
-                    // the engine before this result is ever read.
-                    i.pre.auth = Some(authorize_at(&g.state_at(cut), op));
+                    // the engine before this result is ever read. An author
+                    // never made a member of the scope costs no `G(cut)`.
+                    i.pre.auth = Some(authorize(&mut g, op));
                 }
             }
             drop(g);

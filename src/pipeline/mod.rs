@@ -71,7 +71,9 @@ pub enum Work {
     /// over the server (its IPv4 address or IPv6 /64, `net::fair::origin_of`),
     /// whose turn the node weighs by what its ops come to.
     Op { id: Hash, op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr> },
-    Key(KeyDelivery),
+    /// `host` as for an op: a delivery costs the orderer an X25519 and an
+    /// AEAD pass over up to a frame, so it counts in its host's turn too.
+    Key { kd: KeyDelivery, host: Option<std::net::IpAddr> },
     /// A frame that did not decode (already counted by the transport); it
     /// is passed on so that the engine's counts match `import`'s.
     Malformed,
@@ -166,10 +168,11 @@ impl Default for PipelineConfig {
     }
 }
 
-/// What each host's ops came to, reported by the orderer once per commit:
-/// `(host, useful, total)`, useful being the ops applied or waiting for
-/// their key (not those pending on a dependency, duplicates, bad
-/// signatures or dropped).
+/// What each host's ops and key deliveries came to, reported by the orderer
+/// once per commit: `(host, useful, total)`, useful being the ops applied
+/// or waiting for their key (not those pending on a dependency, duplicates,
+/// bad signatures or dropped) and the key deliveries accepted (not those
+/// ignored).
 pub trait HostOutcomes: Send + Sync {
     fn record(&self, outcomes: &mut dyn Iterator<Item = (std::net::IpAddr, u32, u32)>);
 }

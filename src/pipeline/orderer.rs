@@ -200,24 +200,22 @@ fn handle_item(
     let now = now_ms();
     let outcome = match item.work {
         Work::Malformed => engine.note_malformed(),
-        Work::Key(kd) => {
+        Work::Key { kd, host } => {
             engine.stats.frames += 1;
-            engine.handle_key(&kd, now)
+            let outcome = engine.handle_key(&kd, now);
+            note_host(hosts, host, outcome == Outcome::KeyAccepted);
+            outcome
         }
         Work::Op { id, op, bytes, conn, host } => {
             let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
             if conn != 0 {
                 conns.insert(id, conn);
             }
-            if let Some(h) = host {
-                let useful = matches!(
-                    outcome,
-                    Outcome::Applied | Outcome::NotYet(crate::core::BufKind::KeyWait | crate::core::BufKind::DataKeyWait)
-                );
-                let e = hosts.entry(h).or_default();
-                e.0 += u32::from(useful);
-                e.1 += 1;
-            }
+            let useful = matches!(
+                outcome,
+                Outcome::Applied | Outcome::NotYet(crate::core::BufKind::KeyWait | crate::core::BufKind::DataKeyWait)
+            );
+            note_host(hosts, host, useful);
             outcome
         }
         Work::Heads { peer, scope, heads, root } => {
@@ -239,4 +237,13 @@ fn handle_item(
         }
     };
     count_verdict(outcome);
+}
+
+/// Counts an op or key delivery in its host's `(useful, total)`.
+fn note_host(hosts: &mut crate::core::IdMap<std::net::IpAddr, (u32, u32)>, host: Option<std::net::IpAddr>, useful: bool) {
+    if let Some(h) = host {
+        let e = hosts.entry(h).or_default();
+        e.0 += u32::from(useful);
+        e.1 += 1;
+    }
 }
