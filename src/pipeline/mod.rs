@@ -101,6 +101,8 @@ impl Batch {
             .iter()
             .map(|i| match &i.work {
                 Work::Op { bytes, .. } => 2 * bytes.len() as u64 + i.pre.opened.as_ref().map_or(0, |o| o.as_ref().map_or(0, |p| p.len() as u64)) + 64,
+                // A delivery's sealed key can be a frame's worth (1 MiB).
+                Work::Key { kd, .. } => kd.sealed.len() as u64 + 256,
                 _ => 256,
             })
             .sum()
