@@ -1,6 +1,11 @@
 //! The compact sparse Merkle tree of SPEC §8, as a crit-bit (Patricia) trie
 //! over 256-bit cell paths with cached hashes.
 //!
+//! (Over 800 lines on purpose: one data structure, its invariants at the
+//! top and its tests against the reference root at the bottom, which
+//! STYLE.md holds up as the model of a file; splitting the versions of the
+//! branches from the tree would put one invariant in two places.)
+//!
 //! A branch sits at the first bit where the paths below it differ; its hash
 //! is `H(0x01 || left || right)` at that depth. Seen from a shallower depth
 //! `d`, every level where all its paths share a bit wraps it once more
