@@ -56,8 +56,30 @@ pub const GOV_CUT_CACHE_MAX: usize = 256;
 /// exceed 64 × the buffered-op bound. Guards against a logic error looping.
 pub const CASCADE_STEPS_MAX: u64 = 64 * BUFFERED_OPS_TOTAL_MAX + 1_000_000;
 
+/// Once this share of `connections_max` (percent) is open, a new QUIC
+/// connection whose address is not yet validated is answered with a Retry
+/// instead of a slot: the client comes back with a token proving it receives
+/// what is sent to its address, one round trip later (quinn's client follows
+/// a Retry by itself). Half: spoofed Initials can then hold at most half the
+/// slots, each for one handshake timeout, while the other half (the slots
+/// kept for peers among them) go only to addresses that answered; below it
+/// no client pays the extra round trip.
+pub const CONNECTIONS_RETRY_FROM_PERCENT: u32 = 50;
+
+/// Connection slots kept for each configured peer address, which only a
+/// connection from that address may take: two, its link and a redial that
+/// overlaps the old link until the old one's idle timeout frees its slot.
+pub const PEER_SLOTS_PER_PEER: u32 = 2;
+
+/// The most of `connections_max` (percent) kept for peers, however many are
+/// configured: a quarter, so clients always keep three quarters. With the
+/// Retry threshold this keeps every reserved slot behind a Retry, so a
+/// spoofed peer address cannot take them (asserted below).
+pub const PEER_SLOTS_PERCENT_MAX: u32 = 25;
+
 const _: () = assert!(OP_PAYLOAD_BYTES_MAX < FRAME_BYTES_MAX);
 const _: () = assert!(BUFFERED_OPS_PER_SCOPE_MAX >= 10_000);
 const _: () = assert!(BUFFERED_BYTES_PER_SCOPE_MAX >= 64 << 20);
 const _: () = assert!(BUFFERED_OPS_TOTAL_MAX >= BUFFERED_OPS_PER_SCOPE_MAX);
 const _: () = assert!(BUFFERED_BYTES_TOTAL_MAX >= BUFFERED_BYTES_PER_SCOPE_MAX);
+const _: () = assert!(CONNECTIONS_RETRY_FROM_PERCENT + PEER_SLOTS_PERCENT_MAX <= 100);

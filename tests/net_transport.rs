@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -524,6 +524,48 @@ async fn connections_beyond_the_limit_are_refused() {
     let conn = connect_once_freed(&second, server.addr).await;
     send_frames_uni(&conn, [good(b"third")]).await.expect("works after the slot is freed");
     assert_eq!(server.next().await.item, good(b"third"));
+    server.stop().await;
+}
+
+fn retried_total() -> u64 {
+    counter_value(&metrics().render(), "dagfold_net_connections_retried_total")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_half_the_slots_an_unvalidated_address_is_retried_and_still_connects() {
+    // Four slots: from two open on, an address must be validated first.
+    let cfg = ServerConfig { connections_max: 4, ..ServerConfig::default() };
+    let mut server = TestServer::start(cfg, 16).await;
+    let (_e1, _c1) = server.client().await;
+    let (_e2, _c2) = server.client().await;
+    let before = retried_total();
+    // A fresh endpoint holds no token from this server: it is retried, and
+    // quinn's client follows the Retry within `connect`.
+    let (_e3, third) = server.client_from([127, 0, 0, 8]).await;
+    assert!(retried_total() > before, "the unvalidated third connection is answered with a Retry, counted");
+    send_frames_uni(&third, [good(b"after retry")]).await.expect("the retried connection works");
+    assert_eq!(server.next().await.item, good(b"after retry"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_kept_for_a_peer_admits_it_while_others_are_refused() {
+    // Four slots, one kept for the peer at 127.0.0.6.
+    let peer_ip = [127, 0, 0, 6];
+    let cfg = ServerConfig { connections_max: 4, peer_ips: vec![IpAddr::from(peer_ip)], ..ServerConfig::default() };
+    let mut server = TestServer::start(cfg, 16).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(server.client().await);
+    }
+    let before = refused_total("connections_max");
+    let other = client_endpoint(SocketAddr::from(([127, 0, 0, 7], 0)), &server.cfg).expect("endpoint");
+    let refused = timeout(WAIT, connect(&other, server.addr)).await.expect("answer in time");
+    assert!(refused.is_err(), "another host is refused: the last slot is the peer's");
+    assert!(refused_total("connections_max") > before, "the refusal is counted");
+    let (_pe, peer) = server.client_from(peer_ip).await;
+    send_frames_uni(&peer, [good(b"peer")]).await.expect("the peer's connection works");
+    assert_eq!(server.next().await.item, good(b"peer"));
     server.stop().await;
 }
 

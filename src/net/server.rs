@@ -19,13 +19,20 @@
 //!   `frames_buffered_bytes_max`, of which one origin `origin_frames_buffered_bytes_max`;
 //! - past the sink: the node's choice (its ingest queue's capacity).
 //!
+//! Connection slots (`connections_max`) are taken in the accept loop, before
+//! the handshake. Once half are open, an address must first prove it
+//! receives what is sent to it (a QUIC Retry, stateless and smaller than the
+//! Initial it answers), so spoofed Initials cannot hold the rest; the last
+//! few slots are kept for the configured peers' addresses (`peer_ips`).
+//!
 //! A peer's fault (a frame over the limit, a truncated frame, a frame that
 //! does not decode) stops that stream with [`ERR_MALFORMED`] and is counted;
 //! the connection and its other streams go on (SPEC §10).
 
 use std::fmt;
 use std::io;
-use std::net::SocketAddr;
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -40,6 +47,7 @@ use super::codes::{ERR_MALFORMED, ERR_SHUTDOWN, ERR_TIMEOUT};
 use super::fair::{origin_of, Admission, Fair, Held, ItemSink, Lane, OriginSlot, OriginTurns, Refusal};
 use super::frame::{write_frame, FrameError, StreamBuf, FRAME_CONTENT_BYTES_MAX, FRAME_PREFIX_BYTES};
 use super::tls::{self, Ed25519Key, NodeCert, TlsError};
+use crate::limits::{CONNECTIONS_RETRY_FROM_PERCENT, PEER_SLOTS_PERCENT_MAX, PEER_SLOTS_PER_PEER};
 
 /// Frames queued on one [`Reply`] before `send` waits (`try_send` fails).
 /// Replies are the node's own data (sync answers, acks): a few frames of
@@ -69,6 +77,9 @@ pub struct ServerConfig {
     /// handful of peers and some hundreds of clients, and this bounds quinn's
     /// buffers at `256 × connection_receive_window_bytes` (640 MiB at the
     /// default window) in the worst case of a node that stops reading.
+    /// Once [`ServerConfig::connections_retry_from`] are open, an address
+    /// must be validated (QUIC Retry) before it takes a slot; the last
+    /// [`ServerConfig::peer_slots_reserved`] are kept for `peer_ips`.
     pub connections_max: u32,
     /// Concurrent streams a peer may open on one connection, for each of uni
     /// and bi (and the same for streams opened towards us as a client).
@@ -124,6 +135,11 @@ pub struct ServerConfig {
     /// bounds how long a slow sender can hold part of the byte budget.
     /// Default 10 s: 1 MiB in 10 s is 100 KB/s, below any useful link.
     pub frame_receive_timeout_ms: u32,
+    /// The addresses of the node's configured peers (`--peer`): a
+    /// connection from one of them may take the slots kept for peers. Only
+    /// the address is known before the handshake, so a peer is matched by
+    /// its IP (the one it sends from). Default none.
+    pub peer_ips: Vec<IpAddr>,
 }
 
 /// What each frame is charged in the byte budgets beyond its content: the
@@ -146,6 +162,7 @@ impl Default for ServerConfig {
             connection_rate_per_origin: 200,
             connection_burst_per_origin: 1000,
             frame_receive_timeout_ms: 10_000,
+            peer_ips: Vec::new(),
         }
     }
 }
@@ -202,6 +219,24 @@ impl ServerConfig {
         )?;
         check(self.frame_receive_timeout_ms >= 1, "frame_receive_timeout_ms", "must be at least 1")?;
         Ok(())
+    }
+
+    /// Open connections from which a new connection whose address is not
+    /// validated is answered with a QUIC Retry instead of taking a slot:
+    /// [`CONNECTIONS_RETRY_FROM_PERCENT`] of `connections_max`, at least 1.
+    pub fn connections_retry_from(&self) -> u32 {
+        let share = u64::from(self.connections_max) * u64::from(CONNECTIONS_RETRY_FROM_PERCENT) / 100;
+        (share as u32).max(1)
+    }
+
+    /// Slots of `connections_max` that only a connection from one of
+    /// `peer_ips` may take: [`PEER_SLOTS_PER_PEER`] per distinct address,
+    /// at most [`PEER_SLOTS_PERCENT_MAX`] of `connections_max`.
+    pub fn peer_slots_reserved(&self) -> u32 {
+        let peers = self.peer_ips.iter().map(|ip| ip.to_canonical()).collect::<HashSet<_>>().len();
+        let wanted = u64::try_from(peers).unwrap_or(u64::MAX).saturating_mul(u64::from(PEER_SLOTS_PER_PEER));
+        let share_max = u64::from(self.connections_max) * u64::from(PEER_SLOTS_PERCENT_MAX) / 100;
+        wanted.min(share_max) as u32
     }
 
     /// The QUIC transport parameters for both directions. `keep_alive` is
@@ -487,6 +522,9 @@ async fn write_replies(mut send: SendStream, mut queue: mpsc::Receiver<ReplyItem
 pub mod metric {
     pub const CONNECTIONS_ACCEPTED: &str = "dagfold_net_connections_accepted_total";
     pub const CONNECTIONS_REFUSED: &str = "dagfold_net_connections_refused_total";
+    /// Incoming connections answered with a QUIC Retry (address validation)
+    /// instead of a slot, slots running short.
+    pub const CONNECTIONS_RETRIED: &str = "dagfold_net_connections_retried_total";
     pub const HANDSHAKES_FAILED: &str = "dagfold_net_handshakes_failed_total";
     pub const CONNECTIONS_OPEN: &str = "dagfold_net_connections_open";
     /// Origins (IPv4 addresses, IPv6 /64s) with a connection or queued items.
@@ -507,6 +545,10 @@ fn describe_metrics() {
     describe_counter!(
         metric::CONNECTIONS_REFUSED,
         "QUIC connections refused before the handshake, by reason (connections_max, origin_connections, origin_rate)"
+    );
+    describe_counter!(
+        metric::CONNECTIONS_RETRIED,
+        "QUIC connections answered with a Retry (address validation) before taking a slot, slots running short"
     );
     describe_gauge!(metric::ORIGINS, "origins (IPv4 addresses, IPv6 /64s) with a connection or queued frames");
     describe_counter!(metric::HANDSHAKES_FAILED, "QUIC handshakes that failed or timed out");
@@ -575,6 +617,8 @@ pub async fn run_server_with_turns<D: FrameDecoder>(
         tokio::spawn(async move { shared.fair.dispatch(items).await })
     };
     let open = Arc::new(AtomicU32::new(0));
+    let slots = Slots::of(&cfg);
+    let peer_ips: HashSet<IpAddr> = cfg.peer_ips.iter().map(|ip| ip.to_canonical()).collect();
     let mut admission =
         Admission::new(cfg.connections_per_origin_max, cfg.connection_rate_per_origin, cfg.connection_burst_per_origin);
     // One entry per connection; finished ones are reaped at each accept, so
@@ -599,12 +643,24 @@ pub async fn run_server_with_turns<D: FrameDecoder>(
         while let Some(done) = connections.try_join_next() {
             propagate_panic(done);
         }
-        let origin = origin_of(incoming.remote_address());
+        let remote = incoming.remote_address();
+        let origin = origin_of(remote);
+        let from_peer = peer_ips.contains(&remote.ip().to_canonical());
         // Only this loop adds to `open`, so the check cannot be raced past.
-        let admitted = if open.load(Ordering::Acquire) >= cfg.connections_max {
-            Err(Refusal::Full)
-        } else {
-            admission.admit(origin, Instant::now())
+        let admitted = match slots.gate(open.load(Ordering::Acquire), incoming.remote_address_validated(), from_peer) {
+            Gate::Retry => {
+                // Stateless: the Retry holds nothing here, and quinn's
+                // client comes back with its token at once.
+                counter!(metric::CONNECTIONS_RETRIED).increment(1);
+                if let Err(not_retried) = incoming.retry() {
+                    // Only if quinn may not retry, which it guarantees for
+                    // an unvalidated address: refuse rather than trust it.
+                    not_retried.into_incoming().refuse();
+                }
+                continue;
+            }
+            Gate::Full => Err(Refusal::Full),
+            Gate::Admit => admission.admit(origin, Instant::now()),
         };
         let origin_slot = match admitted {
             Ok(slot) => slot,
@@ -629,6 +685,59 @@ pub async fn run_server_with_turns<D: FrameDecoder>(
     dispatcher.abort();
     shared.fair.close();
     Ok(())
+}
+
+/// The connection slots as the accept loop sees them, before the origin's
+/// admission: which incoming connections must validate their address
+/// first, and which slots a connection may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slots {
+    /// `connections_max`.
+    max: u32,
+    /// Of `max`, those only a configured peer's address may take.
+    kept_for_peers: u32,
+    /// Open connections from which an unvalidated address gets a Retry.
+    retry_from: u32,
+}
+
+/// What [`Slots::gate`] says of an incoming connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    /// Answer with a Retry: the address must answer before taking a slot.
+    Retry,
+    /// Every slot this connection may take is taken: refuse it.
+    Full,
+    /// A slot is free for it: on to its origin's admission.
+    Admit,
+}
+
+impl Slots {
+    fn of(cfg: &ServerConfig) -> Slots {
+        let slots = Slots {
+            max: cfg.connections_max,
+            kept_for_peers: cfg.peer_slots_reserved(),
+            retry_from: cfg.connections_retry_from(),
+        };
+        // The limits' shares keep every slot kept for peers behind a Retry,
+        // so a spoofed peer address cannot hold them.
+        assert!(slots.kept_for_peers < slots.max && slots.retry_from <= slots.max - slots.kept_for_peers);
+        slots
+    }
+
+    /// `open` connections are open; `validated`: the incoming address has
+    /// proved it receives (a Retry or a NEW_TOKEN token); `from_peer`: it is
+    /// a configured peer's.
+    fn gate(&self, open: u32, validated: bool, from_peer: bool) -> Gate {
+        if open >= self.retry_from && !validated {
+            return Gate::Retry;
+        }
+        let max = if from_peer { self.max } else { self.max - self.kept_for_peers };
+        if open >= max {
+            Gate::Full
+        } else {
+            Gate::Admit
+        }
+    }
 }
 
 /// Closes every connection of `endpoint` with [`ERR_SHUTDOWN`] and refuses
@@ -817,4 +926,48 @@ fn end_on_error(recv: &mut RecvStream, e: FrameError) {
     counter!(metric::FRAMES_MALFORMED, "reason" => reason).increment(1);
     // Fails only if the stream is already closed: then it is closed anyway.
     let _ = recv.stop(VarInt::from_u32(ERR_MALFORMED));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_ask_for_a_retry_past_the_threshold_and_keep_some_for_peers() {
+        let cfg = |max, peers: &[[u8; 4]]| ServerConfig {
+            connections_max: max,
+            peer_ips: peers.iter().map(|ip| IpAddr::from(*ip)).collect(),
+            ..ServerConfig::default()
+        };
+        let (p, q) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+        // (connections_max, peers) -> (kept for peers, retry from)
+        let shares: [(ServerConfig, u32, u32); 6] = [
+            (cfg(256, &[]), 0, 128),
+            (cfg(256, &[p, q, p]), 4, 128),
+            (cfg(4, &[p]), 1, 2),
+            (cfg(3, &[p]), 0, 1),
+            (cfg(1, &[p, q]), 0, 1),
+            (cfg(8, &[p, q, [10, 0, 0, 3]]), 2, 4),
+        ];
+        for (c, kept, retry_from) in shares {
+            let slots = Slots::of(&c);
+            assert_eq!((slots.kept_for_peers, slots.retry_from), (kept, retry_from), "{c:?}");
+        }
+        let slots = Slots::of(&cfg(4, &[p]));
+        // (open, validated, from a peer) -> gate
+        let cases = [
+            (0, false, false, Gate::Admit), // no pressure, no Retry
+            (1, false, false, Gate::Admit),
+            (2, false, false, Gate::Retry),
+            (2, true, false, Gate::Admit),
+            (3, true, false, Gate::Full), // the last slot is the peer's
+            (3, false, true, Gate::Retry),
+            (3, true, true, Gate::Admit),
+            (4, true, true, Gate::Full),
+            (4, false, false, Gate::Retry),
+        ];
+        for (open, validated, from_peer, gate) in cases {
+            assert_eq!(slots.gate(open, validated, from_peer), gate, "open {open} validated {validated} peer {from_peer}");
+        }
+    }
 }

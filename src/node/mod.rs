@@ -161,6 +161,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let result: Result<(), NodeError> = rt.block_on(async {
         let mut net_cfg = cfg.net.clone();
         net_cfg.listen = cfg.listen;
+        // Connections from these may take the slots kept for peers.
+        net_cfg.peer_ips = cfg.peers.iter().map(|p| p.addr.ip()).collect();
         let cert = crate::net::identity_cert(&identity.seed).map_err(crate::net::server::NetError::from)?;
         let endpoint = crate::net::make_endpoint(&net_cfg, &cfg.data_dir.join("tls"), &cert)?;
         let dialer = crate::net::Dialer::new(&endpoint, &net_cfg, cert);
