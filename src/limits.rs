@@ -51,8 +51,31 @@ pub const GOV_CUT_CACHE_MAX: usize = 256;
 /// exceed 64 × the buffered-op bound. Guards against a logic error looping.
 pub const CASCADE_STEPS_MAX: u64 = 64 * BUFFERED_OPS_TOTAL_MAX + 1_000_000;
 
+/// Subscriptions one connection may hold at once (the node holds at most
+/// 4,096, `node::hub::SUBSCRIPTIONS_MAX`). A client uses one stream per
+/// subscription and a connection has at most `streams_per_connection_max`
+/// streams open (default 32), so at the defaults that binds first; this
+/// bound keeps one connection to 1/64 of the node's slots when the stream
+/// limit is raised. A client following more scopes opens a connection more.
+pub const SUBSCRIPTIONS_PER_CONNECTION_MAX: u32 = 64;
+/// Subscriptions one proven key (a member or a configured peer) may hold
+/// at once over all its connections: a key cannot hold the node's slots
+/// through many connections. 256 lets one user follow 256 scopes (the full
+/// subscribers flood holds 126 under one key); filling the node's 4,096
+/// takes 16 keys, each a member of a held scope or a configured peer.
+pub const SUBSCRIPTIONS_PER_KEY_MAX: u32 = 256;
+/// Bytes of events queued for one subscriber (besides its 4,096 events,
+/// `node::hub::SUBSCRIBER_QUEUE_EVENTS_MAX`); over it the subscriber is
+/// dropped as lagging, like one whose queue is full. Events of up to 256 KiB
+/// could otherwise queue 1 GiB per subscriber. 4 MiB holds four maximum
+/// frames (an event always fits an empty queue) and 4,096 events of 1 KiB,
+/// so a reader of typical events (a few hundred bytes) meets the event bound
+/// first; over the node's 4,096 subscribers, at most 16 GiB in the worst case.
+pub const SUBSCRIBER_QUEUE_BYTES_MAX: u64 = 4 << 20;
 const _: () = assert!(OP_PAYLOAD_BYTES_MAX < FRAME_BYTES_MAX);
 const _: () = assert!(BUFFERED_OPS_PER_SCOPE_MAX >= 10_000);
 const _: () = assert!(BUFFERED_BYTES_PER_SCOPE_MAX >= 64 << 20);
 const _: () = assert!(BUFFERED_OPS_TOTAL_MAX >= BUFFERED_OPS_PER_SCOPE_MAX);
 const _: () = assert!(BUFFERED_BYTES_TOTAL_MAX >= BUFFERED_BYTES_PER_SCOPE_MAX);
+const _: () = assert!(SUBSCRIBER_QUEUE_BYTES_MAX >= 4 * FRAME_BYTES_MAX as u64);
+const _: () = assert!(SUBSCRIPTIONS_PER_CONNECTION_MAX <= SUBSCRIPTIONS_PER_KEY_MAX);

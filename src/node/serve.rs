@@ -115,12 +115,12 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
             }
             Incoming::Node(NodeMessage::SyncRequest(req)) => {
                 if let Some(reply) = inb.reply {
-                    tokio::spawn(serve_sync(shared.clone(), req, inb.peer_key, reply));
+                    tokio::spawn(serve_sync(shared.clone(), req, inb.conn_id, inb.peer_key, reply));
                 }
             }
             Incoming::Node(NodeMessage::Subscribe(sub)) => {
                 if let Some(reply) = inb.reply {
-                    tokio::spawn(serve_subscription(shared.clone(), sub, inb.peer_key, reply));
+                    tokio::spawn(serve_subscription(shared.clone(), sub, inb.conn_id, inb.peer_key, reply));
                 }
             }
             Incoming::Node(_) => {
@@ -212,15 +212,20 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, peer_key: Option<
 /// Events read from the log per store read while catching a subscriber up.
 const SUBSCRIPTION_HISTORY_CHUNK: usize = 1024;
 
-async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, peer_key: Option<PublicKey>, reply: Reply) {
+async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, conn_id: u64, peer_key: Option<PublicKey>, reply: Reply) {
     if let Err(reason) = may_see(&shared, peer_key.as_ref(), &sub.scope) {
         return refuse(&reply, "subscribe", reason).await;
     }
     let key = peer_key.expect("may_see refuses the anonymous");
-    let Some((mut live, last_seq, sub_id)) = shared.hub.subscribe(sub.scope, key) else {
-        metrics::counter!("dagfold_subscriptions_refused_total").increment(1);
-        let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: sub.from_seq }).encode()).await;
-        return;
+    // Over the node's, the connection's or the key's bound: told to come
+    // back from where it asked, like a subscriber that lagged.
+    let (mut live, last_seq, sub_id) = match shared.hub.subscribe(sub.scope, key, conn_id) {
+        Ok(s) => (s.live, s.last_seq, s.id),
+        Err(reason) => {
+            metrics::counter!("dagfold_subscriptions_refused_total", "reason" => reason).increment(1);
+            let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: sub.from_seq }).encode()).await;
+            return;
+        }
     };
     let mut next = sub.from_seq.max(1);
     // History from the event log, up to what was durable at subscription.
