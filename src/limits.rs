@@ -72,10 +72,20 @@ pub const SUBSCRIPTIONS_PER_KEY_MAX: u32 = 256;
 /// so a reader of typical events (a few hundred bytes) meets the event bound
 /// first; over the node's 4,096 subscribers, at most 16 GiB in the worst case.
 pub const SUBSCRIBER_QUEUE_BYTES_MAX: u64 = 4 << 20;
+/// Bytes of ops one sync reply collects (besides `SYNC_OPS_MAX` ops); the
+/// rest is asked for again (the requester's buffered ops name their missing
+/// parents). A reply is collected under one of the node's two sync permits
+/// and sent after it is released, one at a time per connection, so what
+/// waits for a slow reader is this many bytes per connection: 4 MiB is
+/// 4,096 ops of 1 KiB, and at the default 256 connections at most 1 GiB
+/// where two replies of 4,096 ops of 256 KiB could hold 2 GiB before.
+pub const SYNC_REPLY_BYTES_MAX: u64 = 4 << 20;
+
 const _: () = assert!(OP_PAYLOAD_BYTES_MAX < FRAME_BYTES_MAX);
 const _: () = assert!(BUFFERED_OPS_PER_SCOPE_MAX >= 10_000);
 const _: () = assert!(BUFFERED_BYTES_PER_SCOPE_MAX >= 64 << 20);
 const _: () = assert!(BUFFERED_OPS_TOTAL_MAX >= BUFFERED_OPS_PER_SCOPE_MAX);
 const _: () = assert!(BUFFERED_BYTES_TOTAL_MAX >= BUFFERED_BYTES_PER_SCOPE_MAX);
 const _: () = assert!(SUBSCRIBER_QUEUE_BYTES_MAX >= 4 * FRAME_BYTES_MAX as u64);
+const _: () = assert!(SYNC_REPLY_BYTES_MAX >= FRAME_BYTES_MAX as u64);
 const _: () = assert!(SUBSCRIPTIONS_PER_CONNECTION_MAX <= SUBSCRIPTIONS_PER_KEY_MAX);

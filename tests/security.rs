@@ -318,3 +318,57 @@ fn subscriptions_are_bounded_per_connection_and_per_key() {
         assert_eq!(n.metric("dagfold_subscribers"), SUBSCRIPTIONS_PER_KEY_MAX as f64, "the node holds the key's bound");
     });
 }
+
+/// A client that asks for syncs and reads nothing does not hold the node's
+/// sync permits: a reply is collected under a permit and sent after it is
+/// released, and a connection is served one sync at a time. Another
+/// client's sync is answered at once. Before, two such requests held both
+/// permits until their streams timed out (`REPLY_FRAME_WRITE_TIMEOUT_MS`,
+/// 10 s), and every other sync waited.
+#[test]
+fn a_slow_sync_reader_does_not_hold_the_permits() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = [0x52u8; 32];
+    let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &peer_flag(&seed));
+    let w = workload_for(&n, &WorkloadConfig { seed: 34, data_ops: 2000, writers: 2, ..Default::default() });
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(n.listen, &frames, 1, 1);
+    let total = w.messages.iter().filter(|m| m.id != ZERO).count() as u64;
+    assert!(wait_until(WAIT, || n.scope(&w.scope).is_some_and(|s| s["applied"].as_u64() == Some(total))));
+    let whole = |max_ops| NodeMessage::SyncRequest(SyncRequest { scope: w.scope, want: w.data_heads.clone(), have: Vec::new(), max_ops });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        // The slow reader: small receive windows, so that its replies (the
+        // whole scope, far more than the windows) stop being taken at once.
+        let small = dagfold::net::ServerConfig { stream_receive_window_bytes: 16 << 10, connection_receive_window_bytes: 32 << 10, ..Default::default() };
+        let me = dagfold::net::identity_cert(&seed).unwrap();
+        let ep = dagfold::net::client::client_endpoint_as("127.0.0.1:0".parse().unwrap(), &small, Some(&me)).unwrap();
+        let conn = tokio::time::timeout(WAIT, dagfold::net::connect(&ep, n.listen)).await.unwrap().unwrap();
+        let mut slow = Vec::new();
+        for _ in 0..2 {
+            let (mut sw, sr) = dagfold::net::open_bi(&conn).await.unwrap();
+            sw.write(&whole(dagfold::protocol::node::SYNC_OPS_MAX).encode()).await.unwrap();
+            slow.push((sw, sr));
+        }
+        let started = tokio::task::block_in_place(|| wait_until(WAIT, || n.metric("dagfold_sync_requests_served_total") >= 1.0));
+        assert!(started, "the slow reader's first sync is served");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        // Another client, a member: its sync completes at once.
+        let asked = std::time::Instant::now();
+        let (_fw, mut fr) = ask(&n, Some(w.writers[0].seed), whole(10)).await;
+        let mut ops = 0;
+        let done = loop {
+            let frame = tokio::time::timeout(WAIT, fr.read()).await.expect("a frame in time").unwrap().expect("a SyncDone before the end");
+            match NodeMessage::decode(&frame) {
+                Some(NodeMessage::SyncDone(d)) => break d,
+                _ => ops += 1,
+            }
+        };
+        let took = asked.elapsed();
+        assert_eq!(done.sent, ops);
+        assert!(ops > 0, "the member is served");
+        assert!(took < Duration::from_secs(4), "the member's sync waited {took:?} behind a reader that reads nothing");
+        drop(slow);
+    });
+}
