@@ -77,9 +77,42 @@ pub const PEER_SLOTS_PER_PEER: u32 = 2;
 /// spoofed peer address cannot take them (asserted below).
 pub const PEER_SLOTS_PERCENT_MAX: u32 = 25;
 
+/// Subscriptions one connection may hold at once (the node holds at most
+/// 4,096, `node::hub::SUBSCRIPTIONS_MAX`). A client uses one stream per
+/// subscription and a connection has at most `streams_per_connection_max`
+/// streams open (default 32), so at the defaults that binds first; this
+/// bound keeps one connection to 1/64 of the node's slots when the stream
+/// limit is raised. A client following more scopes opens a connection more.
+pub const SUBSCRIPTIONS_PER_CONNECTION_MAX: u32 = 64;
+/// Subscriptions one proven key (a member or a configured peer) may hold
+/// at once over all its connections: a key cannot hold the node's slots
+/// through many connections. 256 lets one user follow 256 scopes (the full
+/// subscribers flood holds 126 under one key); filling the node's 4,096
+/// takes 16 keys, each a member of a held scope or a configured peer.
+pub const SUBSCRIPTIONS_PER_KEY_MAX: u32 = 256;
+/// Bytes of events queued for one subscriber (besides its 4,096 events,
+/// `node::hub::SUBSCRIBER_QUEUE_EVENTS_MAX`); over it the subscriber is
+/// dropped as lagging, like one whose queue is full. Events of up to 256 KiB
+/// could otherwise queue 1 GiB per subscriber. 4 MiB holds four maximum
+/// frames (an event always fits an empty queue) and 4,096 events of 1 KiB,
+/// so a reader of typical events (a few hundred bytes) meets the event bound
+/// first; over the node's 4,096 subscribers, at most 16 GiB in the worst case.
+pub const SUBSCRIBER_QUEUE_BYTES_MAX: u64 = 4 << 20;
+/// Bytes of ops one sync reply collects (besides `SYNC_OPS_MAX` ops); the
+/// rest is asked for again (the requester's buffered ops name their missing
+/// parents). A reply is collected under one of the node's two sync permits
+/// and sent after it is released, one at a time per connection, so what
+/// waits for a slow reader is this many bytes per connection: 4 MiB is
+/// 4,096 ops of 1 KiB, and at the default 256 connections at most 1 GiB
+/// where two replies of 4,096 ops of 256 KiB could hold 2 GiB before.
+pub const SYNC_REPLY_BYTES_MAX: u64 = 4 << 20;
+
 const _: () = assert!(OP_PAYLOAD_BYTES_MAX < FRAME_BYTES_MAX);
 const _: () = assert!(BUFFERED_OPS_PER_SCOPE_MAX >= 10_000);
 const _: () = assert!(BUFFERED_BYTES_PER_SCOPE_MAX >= 64 << 20);
 const _: () = assert!(BUFFERED_OPS_TOTAL_MAX >= BUFFERED_OPS_PER_SCOPE_MAX);
 const _: () = assert!(BUFFERED_BYTES_TOTAL_MAX >= BUFFERED_BYTES_PER_SCOPE_MAX);
 const _: () = assert!(CONNECTIONS_RETRY_FROM_PERCENT + PEER_SLOTS_PERCENT_MAX <= 100);
+const _: () = assert!(SUBSCRIBER_QUEUE_BYTES_MAX >= 4 * FRAME_BYTES_MAX as u64);
+const _: () = assert!(SYNC_REPLY_BYTES_MAX >= FRAME_BYTES_MAX as u64);
+const _: () = assert!(SUBSCRIPTIONS_PER_CONNECTION_MAX <= SUBSCRIPTIONS_PER_KEY_MAX);

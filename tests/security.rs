@@ -222,3 +222,153 @@ fn a_strangers_genesis_is_refused_unless_its_author_is_accepted() {
     let total = w.messages.iter().filter(|m| m.id != ZERO).count() as u64;
     assert!(wait_until(WAIT, || trusting.scope(&w.scope).is_some_and(|s| s["applied"].as_u64() == Some(total))));
 }
+
+/// The `--peer KEY@127.0.0.1:1` flag that has the node take `seed`'s key
+/// for a peer's (served every scope, SPEC §10; nothing listens there).
+fn peer_flag(seed: &[u8; 32]) -> [String; 2] {
+    ["--peer".into(), format!("{}@127.0.0.1:1", hex::encode(dagfold::node::subscribe::public_key_of(seed)))]
+}
+
+/// The value of `name{...label...}` in the node's metrics, 0 if absent.
+fn metric_with(n: &NodeProc, name: &str, label: &str) -> f64 {
+    let text = n.get("/metrics").map(|(_, t)| t).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// One connection cannot hold more than `SUBSCRIPTIONS_PER_CONNECTION_MAX`
+/// subscriptions, nor one key more than `SUBSCRIPTIONS_PER_KEY_MAX` over
+/// several connections (the stream limit raised so that it does not bind
+/// first): the excess is refused with a `Lagged` naming `from_seq`, counted
+/// by reason, and the node holds exactly the bound. Before, one client
+/// could hold every one of the node's 4,096 subscriptions.
+#[test]
+fn subscriptions_are_bounded_per_connection_and_per_key() {
+    use dagfold::limits::{SUBSCRIPTIONS_PER_CONNECTION_MAX, SUBSCRIPTIONS_PER_KEY_MAX};
+    let per_conn = SUBSCRIPTIONS_PER_CONNECTION_MAX as usize;
+    let conns = SUBSCRIPTIONS_PER_KEY_MAX as usize / per_conn;
+    let excess = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let seed = [0x51u8; 32];
+    let mut flags = peer_flag(&seed).to_vec();
+    flags.extend(["--streams-per-connection-max".into(), (2 * per_conn).to_string()]);
+    let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &flags);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let cfg = dagfold::net::ServerConfig::default();
+        let me = dagfold::net::identity_cert(&seed).unwrap();
+        let ep = dagfold::net::client::client_endpoint_as("127.0.0.1:0".parse().unwrap(), &cfg, Some(&me)).unwrap();
+        // Subscribes `count` times on a new connection (to quiet scopes:
+        // nothing is ever sent on a subscription that was taken), and
+        // returns how many were refused with a Lagged at `from_seq`.
+        let subscribe_on_one_connection = |count: usize, tag: u8| {
+            let ep = ep.clone();
+            async move {
+                let conn = tokio::time::timeout(WAIT, dagfold::net::connect(&ep, n.listen)).await.unwrap().unwrap();
+                let mut reads = tokio::task::JoinSet::new();
+                for i in 0..count {
+                    let (mut w, mut r) = dagfold::net::open_bi(&conn).await.unwrap();
+                    let from_seq = 7 + i as u64;
+                    let scope = [tag, i as u8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30];
+                    w.write(&NodeMessage::Subscribe(Subscribe { scope, from_seq }).encode()).await.unwrap();
+                    reads.spawn(async move {
+                        let read = tokio::time::timeout(Duration::from_secs(3), r.read()).await;
+                        let lagged = match read {
+                            Ok(Ok(Some(frame))) => match NodeMessage::decode(&frame) {
+                                Some(NodeMessage::Lagged(l)) => {
+                                    assert_eq!(l.next_seq, from_seq, "the refusal names where to resume");
+                                    true
+                                }
+                                other => panic!("a refused subscription gets a Lagged, not {other:?}"),
+                            },
+                            Err(_) => false, // taken: a quiet scope sends nothing
+                            other => panic!("a subscription's stream ended: {other:?}"),
+                        };
+                        (lagged, w, r)
+                    });
+                }
+                let mut refused = 0;
+                let mut held = Vec::new();
+                while let Some(done) = reads.join_next().await {
+                    let (lagged, w, r) = done.unwrap();
+                    refused += usize::from(lagged);
+                    held.push((w, r));
+                }
+                (refused, conn, held)
+            }
+        };
+        let (refused, _c0, _h0) = subscribe_on_one_connection(per_conn + excess, 0).await;
+        assert_eq!(refused, excess, "the subscriptions past the connection's bound are refused");
+        assert_eq!(n.metric("dagfold_subscribers"), per_conn as f64, "the node holds the connection's bound");
+        assert_eq!(metric_with(&n, "dagfold_subscriptions_refused_total", "reason=\"connection\""), excess as f64);
+
+        // The same key on more connections, up to its own bound.
+        let mut kept = Vec::new();
+        for c in 1..conns {
+            let (refused, conn, held) = subscribe_on_one_connection(per_conn, c as u8).await;
+            assert_eq!(refused, 0, "connection {c} is within the key's bound");
+            kept.push((conn, held));
+        }
+        assert_eq!(n.metric("dagfold_subscribers"), (conns * per_conn) as f64);
+        let (refused, _c, _h) = subscribe_on_one_connection(excess, 0xff).await;
+        assert_eq!(refused, excess, "past the key's bound, a new connection's subscriptions are refused");
+        assert_eq!(metric_with(&n, "dagfold_subscriptions_refused_total", "reason=\"key\""), excess as f64);
+        assert_eq!(n.metric("dagfold_subscribers"), SUBSCRIPTIONS_PER_KEY_MAX as f64, "the node holds the key's bound");
+    });
+}
+
+/// A client that asks for syncs and reads nothing does not hold the node's
+/// sync permits: a reply is collected under a permit and sent after it is
+/// released, and a connection is served one sync at a time. Another
+/// client's sync is answered at once. Before, two such requests held both
+/// permits until their streams timed out (`REPLY_FRAME_WRITE_TIMEOUT_MS`,
+/// 10 s), and every other sync waited.
+#[test]
+fn a_slow_sync_reader_does_not_hold_the_permits() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = [0x52u8; 32];
+    let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &peer_flag(&seed));
+    let w = workload_for(&n, &WorkloadConfig { seed: 34, data_ops: 2000, writers: 2, ..Default::default() });
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(n.listen, &frames, 1, 1);
+    let total = w.messages.iter().filter(|m| m.id != ZERO).count() as u64;
+    assert!(wait_until(WAIT, || n.scope(&w.scope).is_some_and(|s| s["applied"].as_u64() == Some(total))));
+    let whole = |max_ops| NodeMessage::SyncRequest(SyncRequest { scope: w.scope, want: w.data_heads.clone(), have: Vec::new(), max_ops });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        // The slow reader: small receive windows, so that its replies (the
+        // whole scope, far more than the windows) stop being taken at once.
+        let small = dagfold::net::ServerConfig { stream_receive_window_bytes: 16 << 10, connection_receive_window_bytes: 32 << 10, ..Default::default() };
+        let me = dagfold::net::identity_cert(&seed).unwrap();
+        let ep = dagfold::net::client::client_endpoint_as("127.0.0.1:0".parse().unwrap(), &small, Some(&me)).unwrap();
+        let conn = tokio::time::timeout(WAIT, dagfold::net::connect(&ep, n.listen)).await.unwrap().unwrap();
+        let mut slow = Vec::new();
+        for _ in 0..2 {
+            let (mut sw, sr) = dagfold::net::open_bi(&conn).await.unwrap();
+            sw.write(&whole(dagfold::protocol::node::SYNC_OPS_MAX).encode()).await.unwrap();
+            slow.push((sw, sr));
+        }
+        let started = tokio::task::block_in_place(|| wait_until(WAIT, || n.metric("dagfold_sync_requests_served_total") >= 1.0));
+        assert!(started, "the slow reader's first sync is served");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        // Another client, a member: its sync completes at once.
+        let asked = std::time::Instant::now();
+        let (_fw, mut fr) = ask(&n, Some(w.writers[0].seed), whole(10)).await;
+        let mut ops = 0;
+        let done = loop {
+            let frame = tokio::time::timeout(WAIT, fr.read()).await.expect("a frame in time").unwrap().expect("a SyncDone before the end");
+            match NodeMessage::decode(&frame) {
+                Some(NodeMessage::SyncDone(d)) => break d,
+                _ => ops += 1,
+            }
+        };
+        let took = asked.elapsed();
+        assert_eq!(done.sent, ops);
+        assert!(ops > 0, "the member is served");
+        assert!(took < Duration::from_secs(4), "the member's sync waited {took:?} behind a reader that reads nothing");
+        drop(slow);
+    });
+}

@@ -9,9 +9,11 @@
 //! removes a member, [`Hub::revoke`] ends that key's live subscriptions.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::core::EventOut;
+use crate::limits::{SUBSCRIBER_QUEUE_BYTES_MAX, SUBSCRIPTIONS_PER_CONNECTION_MAX, SUBSCRIPTIONS_PER_KEY_MAX};
 use crate::protocol::node::EventFrame;
 use crate::protocol::{Hash, PublicKey};
 
@@ -22,11 +24,62 @@ pub const SUBSCRIBER_QUEUE_EVENTS_MAX: usize = 4096;
 /// Subscriptions open at once, over all scopes.
 pub const SUBSCRIPTIONS_MAX: usize = 4096;
 
+/// What one queued event is charged against `SUBSCRIBER_QUEUE_BYTES_MAX`:
+/// its kind and data, plus its fixed fields (scope, op, seq, two lengths).
+fn event_bytes(kind: &str, data: &[u8]) -> u64 {
+    (kind.len() + data.len()) as u64 + 80
+}
+
 struct Sub {
     id: u64,
     /// The key the subscriber proved.
     key: PublicKey,
+    /// The connection it came on (`net::Inbound::conn_id`).
+    conn: u64,
     tx: tokio::sync::mpsc::Sender<EventFrame>,
+    /// Bytes of the events in its queue, shared with its [`Live`].
+    queued_bytes: Arc<AtomicU64>,
+}
+
+impl Sub {
+    /// Queues `frame` if the subscriber's queue has room for it, in events
+    /// and in bytes; false means it lags (or went away) and is dropped.
+    fn offer(&self, frame: EventFrame) -> bool {
+        let bytes = event_bytes(&frame.kind, &frame.data);
+        // Charged before it is queued, so that the reader's release never
+        // comes first.
+        let queued = self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        if queued + bytes > SUBSCRIBER_QUEUE_BYTES_MAX || self.tx.try_send(frame).is_err() {
+            self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+}
+
+/// A subscriber's end of its queue: [`Live::recv`] releases what each event
+/// was charged.
+pub struct Live {
+    rx: tokio::sync::mpsc::Receiver<EventFrame>,
+    queued_bytes: Arc<AtomicU64>,
+}
+
+impl Live {
+    /// The next event, or `None` once the hub dropped the subscriber.
+    /// Cancel-safe, like the channel's `recv`.
+    pub async fn recv(&mut self) -> Option<EventFrame> {
+        let ev = self.rx.recv().await?;
+        self.queued_bytes.fetch_sub(event_bytes(&ev.kind, &ev.data), Ordering::Relaxed);
+        Some(ev)
+    }
+}
+
+/// A subscription the hub took: the subscriber's queue, the scope's last
+/// durable sequence number at that moment, and its id for `unsubscribe`.
+pub struct Subscription {
+    pub live: Live,
+    pub last_seq: u64,
+    pub id: u64,
 }
 
 #[derive(Default)]
@@ -36,9 +89,58 @@ struct ScopeSubs {
     subs: Vec<Sub>,
 }
 
+/// How many subscriptions are held, in all, per connection and per key.
+#[derive(Default)]
+struct Holders {
+    count: usize,
+    per_connection: HashMap<u64, u32>,
+    per_key: HashMap<PublicKey, u32>,
+}
+
+impl Holders {
+    /// Why `sub` may not be taken, as counted (`reason`), if it may not.
+    fn refusal(&self, key: &PublicKey, conn: u64) -> Option<&'static str> {
+        if self.count >= SUBSCRIPTIONS_MAX {
+            Some("node")
+        } else if self.per_connection.get(&conn).copied().unwrap_or(0) >= SUBSCRIPTIONS_PER_CONNECTION_MAX {
+            Some("connection")
+        } else if self.per_key.get(key).copied().unwrap_or(0) >= SUBSCRIPTIONS_PER_KEY_MAX {
+            Some("key")
+        } else {
+            None
+        }
+    }
+
+    fn take(&mut self, key: PublicKey, conn: u64) {
+        self.count += 1;
+        *self.per_connection.entry(conn).or_default() += 1;
+        *self.per_key.entry(key).or_default() += 1;
+    }
+
+    fn release(&mut self, sub: &Sub) {
+        self.count -= 1;
+        for n in [self.per_connection.get_mut(&sub.conn), self.per_key.get_mut(&sub.key)] {
+            *n.expect("a held subscription is counted") -= 1;
+        }
+        if self.per_connection[&sub.conn] == 0 {
+            self.per_connection.remove(&sub.conn);
+        }
+        if self.per_key[&sub.key] == 0 {
+            self.per_key.remove(&sub.key);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    scopes: HashMap<Hash, ScopeSubs>,
+    next_id: u64,
+    holders: Holders,
+}
+
 #[derive(Default)]
 pub struct Hub {
-    inner: Mutex<(HashMap<Hash, ScopeSubs>, u64, usize)>,
+    inner: Mutex<Inner>,
     /// Peers configured by key: they see every scope, member or not.
     peer_keys: HashSet<PublicKey>,
 }
@@ -46,7 +148,7 @@ pub struct Hub {
 impl Hub {
     pub fn new(event_seqs: impl IntoIterator<Item = (Hash, u64)>, peer_keys: HashSet<PublicKey>) -> Hub {
         let scopes = event_seqs.into_iter().map(|(s, n)| (s, ScopeSubs { last_seq: n, subs: Vec::new() })).collect();
-        Hub { inner: Mutex::new((scopes, 0, 0)), peer_keys }
+        Hub { inner: Mutex::new(Inner { scopes, ..Inner::default() }), peer_keys }
     }
 
     /// Ends the live subscriptions to `scope` of every key that is neither
@@ -55,26 +157,32 @@ impl Hub {
     /// subscriptions at once). Returns how many ended.
     pub fn revoke(&self, scope: &Hash, members: &[PublicKey]) -> usize {
         let mut g = self.inner.lock().expect("hub lock");
-        let (scopes, _, count) = &mut *g;
+        let Inner { scopes, holders, .. } = &mut *g;
         let Some(s) = scopes.get_mut(scope) else { return 0 };
         let before = s.subs.len();
-        s.subs.retain(|sub| members.binary_search(&sub.key).is_ok() || self.peer_keys.contains(&sub.key));
+        s.subs.retain(|sub| {
+            let keep = members.binary_search(&sub.key).is_ok() || self.peer_keys.contains(&sub.key);
+            if !keep {
+                holders.release(sub);
+            }
+            keep
+        });
         let removed = before - s.subs.len();
-        *count -= removed;
         if removed > 0 {
             metrics::counter!("dagfold_subscriptions_revoked_total").increment(removed as u64);
-            metrics::gauge!("dagfold_subscribers").set(*count as f64);
+            metrics::gauge!("dagfold_subscribers").set(holders.count as f64);
         }
         removed
     }
 
-    /// Hands durable events (in apply order) to subscribers.
+    /// Hands durable events (in apply order) to subscribers. A subscriber
+    /// whose queue is full, in events or in bytes, is dropped as lagging.
     pub fn dispatch(&self, events: &[EventOut]) {
         if events.is_empty() {
             return;
         }
         let mut g = self.inner.lock().expect("hub lock");
-        let (scopes, _, count) = &mut *g;
+        let Inner { scopes, holders, .. } = &mut *g;
         let mut removed = 0;
         for e in events {
             let s = scopes.entry(e.scope).or_default();
@@ -83,44 +191,111 @@ impl Hub {
             let before = s.subs.len();
             s.subs.retain(|sub| {
                 let frame = EventFrame { scope: e.scope, seq: e.seq, op: e.op, kind: e.kind.clone(), data: e.data.clone() };
-                sub.tx.try_send(frame).is_ok()
+                let keep = sub.offer(frame);
+                if !keep {
+                    holders.release(sub);
+                }
+                keep
             });
             removed += before - s.subs.len();
         }
-        *count -= removed;
         if removed > 0 {
             metrics::counter!("dagfold_subscribers_lagged_total").increment(removed as u64);
         }
-        metrics::gauge!("dagfold_subscribers").set(*count as f64);
+        metrics::gauge!("dagfold_subscribers").set(holders.count as f64);
     }
 
     /// Registers a subscriber for live events after the scope's current
-    /// last sequence number, which it returns: events up to it are read from
-    /// the store's event log. `None` when the subscription limit is reached.
-    pub fn subscribe(&self, scope: Hash, key: PublicKey) -> Option<(tokio::sync::mpsc::Receiver<EventFrame>, u64, u64)> {
+    /// last sequence number: events up to it are read from the store's
+    /// event log. Refused, with the reason as counted, when the node's
+    /// subscriptions (`node`), the connection's (`connection`) or the key's
+    /// (`key`) are at their bound.
+    pub fn subscribe(&self, scope: Hash, key: PublicKey, conn: u64) -> Result<Subscription, &'static str> {
         let mut g = self.inner.lock().expect("hub lock");
-        let (scopes, next_id, count) = &mut *g;
-        if *count >= SUBSCRIPTIONS_MAX {
-            return None;
+        let Inner { scopes, next_id, holders } = &mut *g;
+        if let Some(reason) = holders.refusal(&key, conn) {
+            return Err(reason);
         }
         let (tx, rx) = tokio::sync::mpsc::channel(SUBSCRIBER_QUEUE_EVENTS_MAX);
+        let queued_bytes = Arc::new(AtomicU64::new(0));
         *next_id += 1;
-        *count += 1;
+        holders.take(key, conn);
         let s = scopes.entry(scope).or_default();
-        s.subs.push(Sub { id: *next_id, key, tx });
-        metrics::gauge!("dagfold_subscribers").set(*count as f64);
-        Some((rx, s.last_seq, *next_id))
+        s.subs.push(Sub { id: *next_id, key, conn, tx, queued_bytes: queued_bytes.clone() });
+        metrics::gauge!("dagfold_subscribers").set(holders.count as f64);
+        Ok(Subscription { live: Live { rx, queued_bytes }, last_seq: s.last_seq, id: *next_id })
     }
 
     /// Removes a subscriber that went away by itself.
     pub fn unsubscribe(&self, scope: &Hash, id: u64) {
         let mut g = self.inner.lock().expect("hub lock");
-        let (scopes, _, count) = &mut *g;
+        let Inner { scopes, holders, .. } = &mut *g;
         if let Some(s) = scopes.get_mut(scope) {
-            let before = s.subs.len();
-            s.subs.retain(|sub| sub.id != id);
-            *count -= before - s.subs.len();
+            s.subs.retain(|sub| {
+                let keep = sub.id != id;
+                if !keep {
+                    holders.release(sub);
+                }
+                keep
+            });
         }
-        metrics::gauge!("dagfold_subscribers").set(*count as f64);
+        metrics::gauge!("dagfold_subscribers").set(holders.count as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(seq: u64, data_bytes: usize) -> EventOut {
+        EventOut { scope: [1; 32], seq, op: [2; 32], kind: "put".into(), data: vec![7; data_bytes] }
+    }
+
+    /// A subscriber that does not read is dropped once its queued events
+    /// come to more than `SUBSCRIBER_QUEUE_BYTES_MAX`, long before its 4,096
+    /// events; one that reads as they come is never dropped.
+    #[test]
+    fn a_subscriber_queue_is_bounded_in_bytes() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let hub = Hub::new([], HashSet::new());
+        let mut idle = hub.subscribe([1; 32], [3; 32], 1).unwrap();
+        let mut reader = hub.subscribe([1; 32], [4; 32], 2).unwrap();
+        let big = 256 << 10;
+        let fits = (SUBSCRIBER_QUEUE_BYTES_MAX / event_bytes("put", &vec![0; big])) as usize;
+        let mut read = 0;
+        for seq in 1..=(4 * fits as u64) {
+            hub.dispatch(&[event(seq, big)]);
+            if rt.block_on(reader.live.recv()).is_some() {
+                read += 1;
+            }
+        }
+        assert_eq!(read, 4 * fits, "a reader that keeps up stays subscribed");
+        let mut queued = 0;
+        while rt.block_on(idle.live.recv()).is_some() {
+            queued += 1;
+        }
+        assert_eq!(queued, fits, "the idle subscriber held what fits in its bytes, then was dropped");
+        assert!(queued < SUBSCRIBER_QUEUE_EVENTS_MAX);
+    }
+
+    /// Past a connection's bound, and past a key's over several
+    /// connections, a subscription is refused with that reason; a released
+    /// one frees its place.
+    #[test]
+    fn subscriptions_are_bounded_per_connection_and_per_key() {
+        let hub = Hub::new([], HashSet::new());
+        let per_conn = SUBSCRIPTIONS_PER_CONNECTION_MAX as usize;
+        let mut held: Vec<Subscription> = (0..per_conn).map(|_| hub.subscribe([1; 32], [3; 32], 1).unwrap()).collect();
+        assert_eq!(hub.subscribe([1; 32], [3; 32], 1).err(), Some("connection"));
+        hub.unsubscribe(&[1; 32], held.pop().unwrap().id);
+        held.push(hub.subscribe([1; 32], [3; 32], 1).expect("a released place is free again"));
+        let conns = SUBSCRIPTIONS_PER_KEY_MAX as usize / per_conn;
+        for conn in 2..=conns as u64 {
+            for _ in 0..per_conn {
+                held.push(hub.subscribe([1; 32], [3; 32], conn).unwrap());
+            }
+        }
+        assert_eq!(hub.subscribe([1; 32], [3; 32], 999).err(), Some("key"));
+        assert!(hub.subscribe([1; 32], [4; 32], 999).is_ok(), "another key is served");
     }
 }

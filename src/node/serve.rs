@@ -2,14 +2,15 @@
 //! inbound frames (core messages to the pipeline, node messages to their
 //! handlers), the sync server and event subscriptions.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
 
 use super::{Incoming, NodeShared};
 use crate::core::{Cf, Decoded};
 use crate::net::{Inbound, IngestClosed, ItemSink, Reply};
+use crate::limits::SYNC_REPLY_BYTES_MAX;
 use crate::pipeline::Work;
 use crate::protocol::codec::decode_op;
 use crate::protocol::node::*;
@@ -60,12 +61,49 @@ impl crate::admin::StatusSource for Status {
     }
 }
 
-/// Sync requests served at once over all peers: each reads up to
+/// Sync requests collected at once over all peers: each reads up to
 /// `SYNC_OPS_MAX` ops from the store; a peer asking in a tight loop waits
-/// for a permit instead of taking the node's disk.
+/// for a permit instead of taking the node's disk. A permit is held only
+/// through the store walk, never while the reply is sent: a peer that reads
+/// slowly holds its own reply, not the node's permits.
 pub const SYNC_SERVED_CONCURRENT_MAX: usize = 2;
 
 static SYNC_PERMITS: Semaphore = Semaphore::const_new(SYNC_SERVED_CONCURRENT_MAX);
+
+/// Per connection (`net::Inbound::conn_id`, never reused), its sync
+/// requests waiting or served, and the gate that lets one of them be served
+/// at a time: one client cannot take both permits, and what its replies
+/// hold while they are sent is one reply's (`SYNC_REPLY_BYTES_MAX`). A
+/// connection has at most `streams_per_connection_max` requests here. One
+/// node serves per process, like `SYNC_PERMITS`.
+static SYNC_TURNS: Mutex<BTreeMap<u64, (Arc<Semaphore>, u32)>> = Mutex::new(BTreeMap::new());
+
+/// A sync request's claim on its connection's turn, counted while it waits
+/// or is served; the connection's entry goes with its last claim.
+struct SyncClaim {
+    conn: u64,
+    gate: Arc<Semaphore>,
+}
+
+impl SyncClaim {
+    fn new(conn: u64) -> SyncClaim {
+        let mut turns = SYNC_TURNS.lock().expect("sync turns lock");
+        let (gate, claims) = turns.entry(conn).or_insert_with(|| (Arc::new(Semaphore::new(1)), 0));
+        *claims += 1;
+        SyncClaim { conn, gate: gate.clone() }
+    }
+}
+
+impl Drop for SyncClaim {
+    fn drop(&mut self) {
+        let mut turns = SYNC_TURNS.lock().expect("sync turns lock");
+        let (_, claims) = turns.get_mut(&self.conn).expect("a claim is counted");
+        *claims -= 1;
+        if *claims == 0 {
+            turns.remove(&self.conn);
+        }
+    }
+}
 
 /// Index of the configured peer at `addr`, plus one (0: not a peer).
 pub fn origin_of(shared: &NodeShared, addr: &std::net::SocketAddr) -> u64 {
@@ -115,12 +153,12 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
             }
             Incoming::Node(NodeMessage::SyncRequest(req)) => {
                 if let Some(reply) = inb.reply {
-                    tokio::spawn(serve_sync(shared.clone(), req, inb.peer_key, reply));
+                    tokio::spawn(serve_sync(shared.clone(), req, inb.conn_id, inb.peer_key, reply));
                 }
             }
             Incoming::Node(NodeMessage::Subscribe(sub)) => {
                 if let Some(reply) = inb.reply {
-                    tokio::spawn(serve_subscription(shared.clone(), sub, inb.peer_key, reply));
+                    tokio::spawn(serve_subscription(shared.clone(), sub, inb.conn_id, inb.peer_key, reply));
                 }
             }
             Incoming::Node(_) => {
@@ -132,7 +170,8 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
 }
 
 /// Walks back from `want` through dependencies in the store, stopping at
-/// `have` and at unknown ids, collecting at most `max` ops; returns them
+/// `have` and at unknown ids, collecting at most `max` ops and (past the
+/// first) at most `SYNC_REPLY_BYTES_MAX` bytes of them; returns them
 /// ancestors first, so the requester applies them with little buffering.
 /// Only ops of scopes `visible` says the requester may see are collected
 /// or walked through (SPEC §10).
@@ -147,6 +186,7 @@ pub fn collect_sync(
     let mut seen: HashSet<Hash> = HashSet::new();
     let mut work: VecDeque<Hash> = want.iter().copied().collect();
     let mut out = Vec::new();
+    let mut bytes_out: u64 = 0;
     while let Some(id) = work.pop_front() {
         if out.len() >= max {
             break;
@@ -155,6 +195,9 @@ pub fn collect_sync(
             continue;
         }
         let Ok(Some(bytes)) = reader.get(Cf::Ops, &id) else { continue };
+        if !out.is_empty() && bytes_out + bytes.len() as u64 > SYNC_REPLY_BYTES_MAX {
+            break;
+        }
         let Ok(op) = decode_op(&bytes) else { continue };
         // A genesis belongs to the scope it names (SPEC §2).
         let scope = if op.scope == crate::protocol::ZERO { id } else { op.scope };
@@ -165,13 +208,14 @@ pub fn collect_sync(
         if op.plane == PLANE_DATA {
             work.extend(op.cut.iter().copied());
         }
+        bytes_out += bytes.len() as u64;
         out.push(bytes);
     }
     out.reverse();
     out
 }
 
-async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, peer_key: Option<PublicKey>, reply: Reply) {
+async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, conn_id: u64, peer_key: Option<PublicKey>, reply: Reply) {
     // A request names its scope, or ZERO for ids of any scope (missing
     // parents): then each op is served only if its scope may be seen.
     if req.scope != crate::protocol::ZERO {
@@ -181,12 +225,18 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, peer_key: Option<
     } else if peer_key.is_none() {
         return refuse(&reply, "sync", "anonymous").await;
     }
-    // A requester that went away while waiting for a permit gets no work.
+    // One request of a connection served at a time; a requester that went
+    // away while waiting for its turn or a permit gets no work.
+    let claim = SyncClaim::new(conn_id);
+    let _turn = tokio::select! {
+        t = claim.gate.acquire() => t.expect("a connection's gate is never closed"),
+        _ = reply.closed() => return,
+    };
     let permit = tokio::select! {
         p = SYNC_PERMITS.acquire() => p,
         _ = reply.closed() => return,
     };
-    let Ok(_permit) = permit else { return };
+    let Ok(permit) = permit else { return };
     metrics::counter!("dagfold_sync_requests_served_total").increment(1);
     let max = req.max_ops.min(SYNC_OPS_MAX) as usize;
     let reader = shared.reader.clone();
@@ -196,6 +246,10 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, peer_key: Option<
         Ok(ops) => ops,
         Err(_) => return,
     };
+    // Sent without the permit: a reader that does not read has its stream
+    // reset by the reply writer (`REPLY_FRAME_WRITE_TIMEOUT_MS`), and one
+    // that reads slowly holds only this reply and its connection's turn.
+    drop(permit);
     let sent = ops.len() as u32;
     for bytes in ops {
         let mut frame = Vec::with_capacity(bytes.len() + 1);
@@ -212,15 +266,20 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, peer_key: Option<
 /// Events read from the log per store read while catching a subscriber up.
 const SUBSCRIPTION_HISTORY_CHUNK: usize = 1024;
 
-async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, peer_key: Option<PublicKey>, reply: Reply) {
+async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, conn_id: u64, peer_key: Option<PublicKey>, reply: Reply) {
     if let Err(reason) = may_see(&shared, peer_key.as_ref(), &sub.scope) {
         return refuse(&reply, "subscribe", reason).await;
     }
     let key = peer_key.expect("may_see refuses the anonymous");
-    let Some((mut live, last_seq, sub_id)) = shared.hub.subscribe(sub.scope, key) else {
-        metrics::counter!("dagfold_subscriptions_refused_total").increment(1);
-        let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: sub.from_seq }).encode()).await;
-        return;
+    // Over the node's, the connection's or the key's bound: told to come
+    // back from where it asked, like a subscriber that lagged.
+    let (mut live, last_seq, sub_id) = match shared.hub.subscribe(sub.scope, key, conn_id) {
+        Ok(s) => (s.live, s.last_seq, s.id),
+        Err(reason) => {
+            metrics::counter!("dagfold_subscriptions_refused_total", "reason" => reason).increment(1);
+            let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: sub.from_seq }).encode()).await;
+            return;
+        }
     };
     let mut next = sub.from_seq.max(1);
     // History from the event log, up to what was durable at subscription.
