@@ -36,7 +36,9 @@ struct Sub {
     key: PublicKey,
     /// The connection it came on (`net::Inbound::conn_id`).
     conn: u64,
-    tx: tokio::sync::mpsc::Sender<EventFrame>,
+    /// Events are shared by every subscriber of their scope (one copy per
+    /// event, however many queues hold it).
+    tx: tokio::sync::mpsc::Sender<Arc<EventFrame>>,
     /// Bytes of the events in its queue, shared with its [`Live`].
     queued_bytes: Arc<AtomicU64>,
 }
@@ -44,12 +46,12 @@ struct Sub {
 impl Sub {
     /// Queues `frame` if the subscriber's queue has room for it, in events
     /// and in bytes; false means it lags (or went away) and is dropped.
-    fn offer(&self, frame: EventFrame) -> bool {
+    fn offer(&self, frame: &Arc<EventFrame>) -> bool {
         let bytes = event_bytes(&frame.kind, &frame.data);
         // Charged before it is queued, so that the reader's release never
         // comes first.
         let queued = self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
-        if queued + bytes > SUBSCRIBER_QUEUE_BYTES_MAX || self.tx.try_send(frame).is_err() {
+        if queued + bytes > SUBSCRIBER_QUEUE_BYTES_MAX || self.tx.try_send(frame.clone()).is_err() {
             self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
             return false;
         }
@@ -60,14 +62,14 @@ impl Sub {
 /// A subscriber's end of its queue: [`Live::recv`] releases what each event
 /// was charged.
 pub struct Live {
-    rx: tokio::sync::mpsc::Receiver<EventFrame>,
+    rx: tokio::sync::mpsc::Receiver<Arc<EventFrame>>,
     queued_bytes: Arc<AtomicU64>,
 }
 
 impl Live {
     /// The next event, or `None` once the hub dropped the subscriber.
     /// Cancel-safe, like the channel's `recv`.
-    pub async fn recv(&mut self) -> Option<EventFrame> {
+    pub async fn recv(&mut self) -> Option<Arc<EventFrame>> {
         let ev = self.rx.recv().await?;
         self.queued_bytes.fetch_sub(event_bytes(&ev.kind, &ev.data), Ordering::Relaxed);
         Some(ev)
@@ -189,9 +191,9 @@ impl Hub {
             debug_assert!(e.seq > s.last_seq, "events are dispatched in order");
             s.last_seq = e.seq;
             let before = s.subs.len();
+            let frame = Arc::new(EventFrame { scope: e.scope, seq: e.seq, op: e.op, kind: e.kind.clone(), data: e.data.clone() });
             s.subs.retain(|sub| {
-                let frame = EventFrame { scope: e.scope, seq: e.seq, op: e.op, kind: e.kind.clone(), data: e.data.clone() };
-                let keep = sub.offer(frame);
+                let keep = sub.offer(&frame);
                 if !keep {
                     holders.release(sub);
                 }
@@ -249,6 +251,20 @@ mod tests {
 
     fn event(seq: u64, data_bytes: usize) -> EventOut {
         EventOut { scope: [1; 32], seq, op: [2; 32], kind: "put".into(), data: vec![7; data_bytes] }
+    }
+
+    /// An event is held once, however many subscribers queue it: what the
+    /// queues hold over the node is bounded by the events, not by events ×
+    /// subscribers.
+    #[test]
+    fn subscribers_share_each_event() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let hub = Hub::new([], HashSet::new());
+        let mut a = hub.subscribe([1; 32], [3; 32], 1).unwrap();
+        let mut b = hub.subscribe([1; 32], [4; 32], 2).unwrap();
+        hub.dispatch(&[event(1, 1 << 10)]);
+        let (x, y) = (rt.block_on(a.live.recv()).unwrap(), rt.block_on(b.live.recv()).unwrap());
+        assert!(Arc::ptr_eq(&x, &y), "one copy of the event for both");
     }
 
     /// A subscriber that does not read is dropped once its queued events

@@ -318,7 +318,7 @@ async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, conn_id: u6
                     continue;
                 }
                 next = ev.seq + 1;
-                if reply.send(NodeMessage::Event(ev).encode()).await.is_err() {
+                if reply.send(NodeMessage::Event(Arc::unwrap_or_clone(ev)).encode()).await.is_err() {
                     shared.hub.unsubscribe(&sub.scope, sub_id);
                     return;
                 }
