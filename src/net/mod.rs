@@ -15,6 +15,7 @@
 pub mod client;
 pub mod fair;
 pub mod frame;
+pub mod reply;
 pub mod server;
 pub mod tls;
 
