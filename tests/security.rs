@@ -372,3 +372,33 @@ fn a_slow_sync_reader_does_not_hold_the_permits() {
         drop(slow);
     });
 }
+
+/// `dagfold import` takes the node's genesis flags: given
+/// `--accept-scopes-from` another key, a stranger's genesis is refused
+/// (counted in the summary); given none, the file's geneses are accepted.
+#[test]
+fn import_takes_the_genesis_flags() {
+    let root = tempfile::tempdir().unwrap();
+    let w = generate(&WorkloadConfig { seed: 34, data_ops: 10, ..Default::default() }, [1; 32], [2; 32]);
+    let file = root.path().join("scope.frames");
+    let mut bytes = Vec::new();
+    for m in &w.messages {
+        bytes.extend_from_slice(&(m.frame.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&m.frame);
+    }
+    std::fs::write(&file, bytes).unwrap();
+    let import = |data: &str, extra: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dagfold"))
+            .args(["import", "--data-dir", root.path().join(data).to_str().unwrap()])
+            .args(extra)
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let strict = import("strict", &["--accept-scopes-from", &hex::encode([11u8; 32])]);
+    assert_eq!(strict["genesis_refused"], 1, "{strict}");
+    let open = import("open", &[]);
+    assert_eq!(open["genesis_refused"], 0, "{open}");
+}

@@ -39,6 +39,15 @@ enum Command {
         /// Frames per atomic commit (and per signature batch).
         #[arg(long, default_value_t = dagfold::cli::IMPORT_BATCH_FRAMES)]
         batch_frames: usize,
+        /// Accept only the geneses of the node itself and of these authors
+        /// (repeatable; 64 hex), as `dagfold node` does. Without it, and
+        /// without --accept-any-scope, every genesis in the file is accepted
+        /// (the operator chose the file).
+        #[arg(long = "accept-scopes-from")]
+        accept_scopes_from: Vec<String>,
+        /// Accept every genesis (the default when no --accept-scopes-from).
+        #[arg(long)]
+        accept_any_scope: bool,
     },
     /// Run a node: QUIC on --listen, HTTP status and metrics on --admin,
     /// state in --data-dir. Stops cleanly on SIGINT/SIGTERM.
@@ -85,8 +94,24 @@ fn main() -> ExitCode {
         Command::Identity { data_dir } => dagfold::cli::open(&data_dir, Config::default())
             .map(|n| dagfold::cli::identity_json(&n.engine))
             .map_err(Into::into),
-        Command::Import { data_dir, file, batch_frames } => {
-            dagfold::cli::import(&data_dir, &file, batch_frames.max(1), Config::default()).map_err(Into::into)
+        Command::Import { data_dir, file, batch_frames, accept_scopes_from, accept_any_scope } => {
+            let mut authors = Vec::new();
+            for k in &accept_scopes_from {
+                match dagfold::protocol::parse_hash_hex(k) {
+                    Some(key) => authors.push(key),
+                    None => {
+                        eprintln!("dagfold: --accept-scopes-from takes a public key of 64 hex characters, got {k:?}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            let genesis_policy = if accept_any_scope || authors.is_empty() {
+                dagfold::core::GenesisPolicy::AcceptAll
+            } else {
+                dagfold::core::GenesisPolicy::Authors(authors)
+            };
+            let cfg = Config { genesis_policy, ..Config::default() };
+            dagfold::cli::import(&data_dir, &file, batch_frames.max(1), cfg).map_err(Into::into)
         }
         Command::Node(args) => {
             let cfg = match args.resolve() {
