@@ -684,7 +684,7 @@ async fn framing_edge_cases() {
 async fn identities_are_proved_in_the_handshake() {
     let tls_dir = tempfile::tempdir().expect("tempdir");
     let cfg = ServerConfig { listen: loopback(), ..ServerConfig::default() };
-    let public = |seed: [u8; 32]| ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key().to_bytes();
+    let public = |seed: [u8; 32]| dagfold::protocol::sig::public_key_from_seed(&seed);
     let (server_seed, client_seed) = ([1u8; 32], [2u8; 32]);
     let server = make_endpoint(&cfg, tls_dir.path(), &identity_cert(&server_seed).expect("cert")).expect("server endpoint");
     let addr = server.local_addr().expect("addr");

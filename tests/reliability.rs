@@ -107,7 +107,7 @@ fn a_subscription_to_a_quiet_scope_is_released_when_its_client_leaves() {
     // The client proves a key the node takes as a peer's (served every
     // scope, SPEC §10; its address is one nothing listens on).
     let seed = [0x42u8; 32];
-    let peer = format!("{}@127.0.0.1:1", hex::encode(dagfold::node::subscribe::public_key_of(&seed)));
+    let peer = format!("{}@127.0.0.1:1", hex::encode(dagfold::protocol::sig::public_key_from_seed(&seed)));
     let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &["--peer".into(), peer]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let cfg = dagfold::net::ServerConfig::default();

@@ -107,7 +107,7 @@ fn subscriptions_are_served_only_to_members() {
 fn sync_and_heartbeats_are_served_only_to_members_and_peers() {
     let dir = tempfile::tempdir().unwrap();
     let peer_seed = [0x33u8; 32];
-    let peer = format!("{}@127.0.0.1:1", hex::encode(dagfold::node::subscribe::public_key_of(&peer_seed)));
+    let peer = format!("{}@127.0.0.1:1", hex::encode(dagfold::protocol::sig::public_key_from_seed(&peer_seed)));
     let n = NodeProc::start(dir.path(), loopback(free_port()), loopback(free_port()), &["--peer".into(), peer]);
     let w = workload_for(&n, &WorkloadConfig { seed: 32, data_ops: 50, writers: 2, ..Default::default() });
     let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
@@ -226,7 +226,7 @@ fn a_strangers_genesis_is_refused_unless_its_author_is_accepted() {
 /// The `--peer KEY@127.0.0.1:1` flag that has the node take `seed`'s key
 /// for a peer's (served every scope, SPEC §10; nothing listens there).
 fn peer_flag(seed: &[u8; 32]) -> [String; 2] {
-    ["--peer".into(), format!("{}@127.0.0.1:1", hex::encode(dagfold::node::subscribe::public_key_of(seed)))]
+    ["--peer".into(), format!("{}@127.0.0.1:1", hex::encode(dagfold::protocol::sig::public_key_from_seed(seed)))]
 }
 
 /// The value of `name{...label...}` in the node's metrics, 0 if absent.

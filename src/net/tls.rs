@@ -367,7 +367,7 @@ mod tests {
     fn an_identity_certificate_carries_its_key_once() {
         let seed = [7u8; 32];
         let cert = identity_cert(&seed).expect("cert");
-        let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key().to_bytes();
+        let public = crate::protocol::sig::public_key_from_seed(&seed);
         assert_eq!(ed25519_key_of_cert(cert.cert.as_ref()), Some(public));
     }
 

@@ -87,10 +87,13 @@ fn heartbeat_frames(shared: &NodeShared, peer_key: Option<&crate::protocol::Publ
     let Some(key) = peer_key else { return Vec::new() };
     let everything = shared.peer_keys.contains(key);
     let st = shared.pipeline.status.read().unwrap();
-    let after = match cursor {
-        Some(c) => st.range::<Hash, _>((Bound::Excluded(*c), Bound::Unbounded)).chain(st.range::<Hash, _>((Bound::Unbounded, Bound::Included(*c)))),
-        None => st.range::<Hash, _>((Bound::<Hash>::Unbounded, Bound::Unbounded)).chain(st.range::<Hash, _>((Bound::Unbounded, Bound::Excluded(ZERO)))),
+    // After the cursor to the end, then from the start up to it (the
+    // second part is empty when there is no cursor).
+    let (from, upto) = match *cursor {
+        Some(c) => (Bound::Excluded(c), Bound::Included(c)),
+        None => (Bound::Unbounded, Bound::Excluded(ZERO)),
     };
+    let after = st.range::<Hash, _>((from, Bound::Unbounded)).chain(st.range::<Hash, _>((Bound::Unbounded, upto)));
     let mut visible = after.map(|(_, s)| s).filter(|s| everything || s.is_member(key)).peekable();
     let mut frames = Vec::new();
     while frames.len() < HEARTBEAT_PAGES_PER_BEAT_MAX && visible.peek().is_some() {

@@ -80,10 +80,6 @@ pub fn load_or_create_key_file(path: &Path) -> Result<[u8; 32], KeyFileError> {
     }
 }
 
-/// The public key of a seed.
-pub fn public_key_of(seed: &[u8; 32]) -> crate::protocol::PublicKey {
-    ed25519_dalek::SigningKey::from_bytes(seed).verifying_key().to_bytes()
-}
 
 /// Why one attempt ended before its events did: printed, then retried.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +109,7 @@ pub fn run(
     let scope = crate::protocol::parse_hash_hex(scope_hex).ok_or_else(|| SubscribeError::Scope(scope_hex.to_owned()))?;
     let seed = identity.map(load_or_create_key_file).transpose()?;
     let cert = seed.as_ref().map(crate::net::identity_cert).transpose().map_err(KeyFileError::from)?;
-    let me = seed.map(|s| hex::encode(public_key_of(&s))).unwrap_or_else(|| "(none)".to_owned());
+    let me = seed.map(|s| hex::encode(crate::protocol::sig::public_key_from_seed(&s))).unwrap_or_else(|| "(none)".to_owned());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
         let cfg = crate::net::ServerConfig::default();

@@ -122,7 +122,7 @@ fn flood_identity() -> dagfold::net::NodeCert {
 
 fn node_flags(kind: &str, sz: &Sizes) -> Vec<String> {
     let f = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let key = hex::encode(dagfold::node::subscribe::public_key_of(&FLOOD_CLIENT_SEED));
+    let key = hex::encode(dagfold::protocol::sig::public_key_from_seed(&FLOOD_CLIENT_SEED));
     let mut flags = f(&["--peer", &format!("{key}@127.0.0.1:1")]);
     flags.extend(match kind {
         // Most orphans must be evicted: a quarter of them fit.
