@@ -508,9 +508,15 @@ impl Smt {
         let halves = [&changes[..at], &changes[at..]];
         let mut kids = [ZERO; 2];
         if split == bit {
+            // A side with no change is the hash the branch holds for it (not
+            // the child's own lines: one load fewer a level).
             let children = self.topo[r as usize].children;
             for side in 0..2 {
-                kids[side] = self.merged_hash(children[side], split + 1, halves[side]);
+                kids[side] = if halves[side].is_empty() {
+                    self.kids[r as usize].0[side]
+                } else {
+                    self.merged_hash(children[side], split + 1, halves[side])
+                };
             }
         } else {
             // A split the tree does not have: `r` whole on its side, only
