@@ -288,6 +288,27 @@ impl StoreReader {
         Ok(self.db.get_cf(h, key)?)
     }
 
+    /// Records of `cf` whose keys start with `prefix` and sort after
+    /// `after` (the whole key; empty: from the first), at most `max`.
+    pub fn scan_prefix(&self, cf: Cf, prefix: &[u8], after: &[u8], max: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        let h = self.db.cf_handle(cf.name()).expect("every column family is opened");
+        let mut it = self.db.raw_iterator_cf(h);
+        it.seek(if after > prefix { after } else { prefix });
+        let mut out = Vec::new();
+        while it.valid() && out.len() < max {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
+            if !k.starts_with(prefix) {
+                break;
+            }
+            if k != after {
+                out.push((k.to_vec(), v.to_vec()));
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(out)
+    }
+
     /// Events of `scope` with sequence numbers in `from..=to`, at most
     /// `max`, each as op ‖ borsh(Event). The log holds one record per commit
     /// and scope (`core::Cf::Events`): start at the record holding `from`.
