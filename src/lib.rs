@@ -8,6 +8,8 @@ pub mod clock;
 pub mod cli;
 pub mod core;
 pub mod durable;
+#[cfg(feature = "rocksdb-store")]
+pub mod export;
 pub mod limits;
 pub mod net;
 pub mod niceness;

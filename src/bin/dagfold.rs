@@ -86,6 +86,22 @@ enum Command {
         #[arg(long)]
         scope: Option<String>,
     },
+    /// Write one scope's applied ops, in an order that applies in one pass,
+    /// and the key deliveries this node made for it, as frames (u32 LE
+    /// length, then borsh(Message)): what `dagfold import` reads. Offline,
+    /// like `inspect`: not while a node runs on the data directory. The
+    /// summary (JSON) goes to standard output with --out, else to standard
+    /// error.
+    Export {
+        #[arg(long, default_value = DATA_DIR_DEFAULT)]
+        data_dir: PathBuf,
+        /// The scope id, 64 hex characters.
+        #[arg(long)]
+        scope: String,
+        /// The file to write (made owner-only); standard output without it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -140,6 +156,16 @@ fn main() -> ExitCode {
         }
         Command::Inspect { data_dir, scope } => {
             dagfold::cli::inspect(&data_dir, scope.as_deref(), Config::default()).map_err(Into::into)
+        }
+        Command::Export { data_dir, scope, out } => {
+            match dagfold::export::export(&data_dir, &scope, out.as_deref(), Config::default()) {
+                // The frames took standard output.
+                Ok(summary) if out.is_none() => {
+                    eprintln!("{summary}");
+                    return ExitCode::SUCCESS;
+                }
+                r => r.map_err(Into::into),
+            }
         }
     };
     match result {
