@@ -6,6 +6,9 @@ pub mod admin;
 pub mod clock;
 #[cfg(feature = "rocksdb-store")]
 pub mod cli;
+pub mod client;
+#[cfg(feature = "rocksdb-store")]
+pub mod client_commands;
 pub mod core;
 pub mod durable;
 #[cfg(feature = "rocksdb-store")]

@@ -15,7 +15,14 @@ use dagfold::core::Config;
 use dagfold::node::config::DATA_DIR_DEFAULT;
 
 #[derive(Parser)]
-#[command(name = "dagfold", version, about = "A server node for replicated, end-to-end encrypted group state (see SPEC.md).")]
+#[command(
+    name = "dagfold",
+    version,
+    about = "A server node for replicated, end-to-end encrypted group state (see SPEC.md).",
+    after_help = "The commands marked (API client) call a running node's API (API.md): its address and token from \
+                  --data-dir (<DATA_DIR>/api-address, <DATA_DIR>/api-token), or --api and --token-file. Each prints the \
+                  answer as one JSON line, or the API's error on standard error with a non-zero exit."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -102,6 +109,8 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    #[command(flatten)]
+    Client(dagfold::client_commands::ClientCommand),
 }
 
 fn main() -> ExitCode {
@@ -156,6 +165,15 @@ fn main() -> ExitCode {
         }
         Command::Inspect { data_dir, scope } => {
             dagfold::cli::inspect(&data_dir, scope.as_deref(), Config::default()).map_err(Into::into)
+        }
+        Command::Client(cmd) => {
+            return match dagfold::client_commands::run(cmd) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("dagfold: {e}");
+                    ExitCode::FAILURE
+                }
+            };
         }
         Command::Export { data_dir, scope, out } => {
             match dagfold::export::export(&data_dir, &scope, out.as_deref(), Config::default()) {

@@ -181,6 +181,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         let listen = endpoint.local_addr()?;
         let admin_listener = tokio::net::TcpListener::bind(cfg.admin).await?;
         let admin_addr = admin_listener.local_addr()?;
+        record_api_address(&cfg.data_dir, admin_addr)?;
         let mut first_line = identity_json(&identity);
         first_line["listen"] = listen.to_string().into();
         first_line["admin"] = admin_addr.to_string().into();
@@ -217,6 +218,20 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     pipe.join();
     eprintln!("dagfold: stopped");
     result
+}
+
+/// Writes the API's bound address to `<data-dir>/api-address` (one line,
+/// owner-only, replaced whole at each start), where the client commands
+/// find it (`client::Client::from_data_dir`).
+fn record_api_address(data_dir: &std::path::Path, addr: std::net::SocketAddr) -> std::io::Result<()> {
+    let path = data_dir.join(crate::client::API_ADDRESS_FILE);
+    let temp = path.with_extension("tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    std::io::Write::write_all(&mut options.open(&temp)?, format!("{addr}\n").as_bytes())?;
+    std::fs::rename(&temp, &path)
 }
 
 /// The node's identity as `dagfold identity`, `GET /v1/identity` and the
