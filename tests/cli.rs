@@ -4,9 +4,12 @@
 
 mod common;
 
-use std::io::Write as _;
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::node::{free_port, loopback, send_frames, NodeProc};
 
 use dagfold::core::{Cf, Write};
 use dagfold::protocol::crypto::seal_key_delivery;
@@ -49,13 +52,8 @@ fn an_export_imports_in_one_pass_into_another_node_with_the_same_status() {
     let cfg = WorkloadConfig { seed: 11, data_ops: 600, rotate_at: Some(300), ..WorkloadConfig::default() };
     let wl = generate(&cfg, a_key, a_kem);
     assert_eq!(wl.keys.len(), 2);
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    for i in shuffle_within_windows(wl.messages.len(), 64, 5) {
-        let f = &wl.messages[i].frame;
-        file.write_all(&(f.len() as u32).to_le_bytes()).unwrap();
-        file.write_all(f).unwrap();
-    }
-    file.flush().unwrap();
+    let shuffled: Vec<&[u8]> = shuffle_within_windows(wl.messages.len(), 64, 5).into_iter().map(|i| wl.messages[i].frame.as_slice()).collect();
+    let file = frames_file(&shuffled);
     let summary = dagfold_json(&["import", "--data-dir", path(a.path()), path(file.path())]);
     let applied = summary["applied"].as_u64().unwrap();
     assert!(applied > 600, "{summary}");
@@ -109,4 +107,208 @@ fn an_export_imports_in_one_pass_into_another_node_with_the_same_status() {
     let out = dagfold(&["export", "--data-dir", path(a.path()), "--scope", "xyz"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("64 hex"));
+}
+
+/// A frames file as `dagfold import`: `u32` LE length, then the frame.
+fn frames_file(frames: &[&[u8]]) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    for f in frames {
+        file.write_all(&(f.len() as u32).to_le_bytes()).unwrap();
+        file.write_all(f).unwrap();
+    }
+    file.flush().unwrap();
+    file
+}
+
+/// A node on loopback over `data_dir`, which an import filled first.
+fn start_node(data_dir: &Path) -> NodeProc {
+    NodeProc::start(data_dir, loopback(free_port()), loopback(free_port()), &[])
+}
+
+/// The client commands' flags for the node of `data_dir`.
+fn api_flags(data_dir: &Path) -> [&str; 2] {
+    ["--data-dir", path(data_dir)]
+}
+
+#[test]
+fn the_node_records_its_api_address_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path());
+    let file = dir.path().join(dagfold::client::API_ADDRESS_FILE);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), format!("{}\n", node.admin));
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    let client = dagfold::client::Client::from_data_dir(dir.path()).unwrap();
+    let id = client.identity().unwrap();
+    assert_eq!(id.public_key, hex::encode(node.identity().0));
+    assert_eq!(client.health().unwrap().status, "serving");
+    client.ready().unwrap();
+}
+
+/// Events come live and, across a node restart, once each and in order
+/// (the library's iterator); the `events` command prints them as lines;
+/// reads and errors of the client commands on a scope the node imported.
+#[test]
+fn events_follow_and_resume_across_a_restart_and_the_read_commands_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (key, kem) = identity(dir.path());
+    let cfg = WorkloadConfig { seed: 3, writers: 2, data_ops: 120, events_per_op: 1, ..WorkloadConfig::default() };
+    let wl = generate(&cfg, key, kem);
+    let first_data = wl.messages.iter().position(|m| m.is_data).unwrap();
+    let split = first_data + 60;
+    let before: Vec<&[u8]> = wl.messages[..split].iter().map(|m| m.frame.as_slice()).collect();
+    let file = frames_file(&before);
+    dagfold_json(&["import", "--data-dir", path(dir.path()), path(file.path())]);
+    let mut node = start_node(dir.path());
+    let scope = hex::encode(wl.scope);
+
+    // The library's iterator, in a thread, hands each event over.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (dir_path, scope2) = (dir.path().to_path_buf(), scope.clone());
+    std::thread::spawn(move || {
+        let client = dagfold::client::Client::from_data_dir(&dir_path).unwrap();
+        for ev in client.events(&scope2, 1) {
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+    let take = |n: usize| -> Vec<u64> {
+        (0..n).map(|_| rx.recv_timeout(Duration::from_secs(30)).expect("an event in time").expect("an event").seq).collect()
+    };
+    assert_eq!(take(60), (1..=60).collect::<Vec<u64>>());
+    node.stop();
+    node.restart();
+    let after: Vec<Vec<u8>> = wl.messages[split..].iter().map(|m| m.frame.clone()).collect();
+    send_frames(node.listen, &after, 1, 1);
+    assert_eq!(take(60), (61..=120).collect::<Vec<u64>>());
+    assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "no event twice");
+
+    // The command: from 3, a line per event, until killed.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dagfold"))
+        .args(["events", &scope, "--from", "3"])
+        .args(api_flags(dir.path()))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for seq in 3..=5u64 {
+        let line = lines.next().unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["seq"].as_u64(), Some(seq), "{line}");
+        assert_eq!(v["kind"].as_str(), Some("ev0"), "{line}");
+        assert_eq!(v["data_hex"].as_str().map(str::len), Some(16), "{line}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Reads.
+    let scopes = dagfold_json(&["scope", "list", "--data-dir", path(dir.path())]);
+    assert!(scopes["scopes"].as_array().unwrap().iter().any(|s| s["scope"] == scope.as_str()), "{scopes}");
+    let members = dagfold_json(&["member", "list", &scope, "--data-dir", path(dir.path())]);
+    assert_eq!(members["members"].as_array().unwrap().len(), 1 + 2 + 1, "admin, writers, the node: {members}");
+    let status = dagfold::client::Client::from_data_dir(dir.path()).unwrap().scope_status(&scope).unwrap();
+    assert_eq!(status.root, hex::encode(wl.final_root));
+
+    // Errors: an unknown scope, a wrong token, no node.
+    let unknown = hex::encode([0xcd; 32]);
+    let out = dagfold(&["events", &unknown, "--data-dir", path(dir.path())]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_scope"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = dagfold(&["member", "list", &unknown, "--data-dir", path(dir.path())]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 404"), "{}", String::from_utf8_lossy(&out.stderr));
+    let bad_token = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad_token.path(), hex::encode([1u8; 32])).unwrap();
+    let admin = node.admin.to_string();
+    let out = dagfold(&["scope", "list", "--api", &admin, "--token-file", path(bad_token.path())]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 401"), "{}", String::from_utf8_lossy(&out.stderr));
+    let token = dir.path().join(dagfold::client::API_TOKEN_FILE);
+    dagfold_json(&["scope", "list", "--api", &format!("http://{admin}/"), "--token-file", path(&token)]);
+    node.stop();
+    let out = dagfold(&["scope", "list", "--api", &admin, "--token-file", path(&token)]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The write commands and the reads after them, member management with a
+/// second identity, and the events of writes (needs API.md's write routes).
+#[test]
+fn the_client_commands_write_read_and_manage_members() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let node = start_node(a.path());
+    let run = |args: &[&str]| -> serde_json::Value { dagfold_json(&[args, &api_flags(a.path())[..]].concat()) };
+    let created = run(&["scope", "create", "team"]);
+    let scope = created["scope"].as_str().unwrap().to_owned();
+    assert_eq!(created["op"].as_str().map(str::len), Some(64), "{created}");
+    let scopes = run(&["scope", "list"]);
+    assert_eq!(scopes["scopes"], serde_json::json!([{"scope": scope, "name": "team", "role": "admin"}]));
+
+    let put = run(&["put", &scope, "notes", "a", "hello", "--event", "note=first"]);
+    assert_eq!(put["first_event_seq"].as_u64(), Some(1), "{put}");
+    let item = run(&["get", &scope, "notes", "a"]);
+    assert_eq!((item["key"].as_str(), item["value"].as_str(), item["deleted"].as_bool()), (Some("a"), Some("hello"), Some(false)), "{item}");
+    assert_eq!(item["author"].as_str(), Some(hex::encode(node.identity().0).as_str()));
+    run(&["put", &scope, "notes", "62", "00ff", "--key-hex", "--value-hex"]);
+    let item = run(&["get", &scope, "notes", "b"]);
+    assert_eq!(item["value_hex"].as_str(), Some("00ff"));
+    assert!(item.get("value").is_none(), "not UTF-8: {item}");
+    run(&["add", &scope, "counters", "c", "5"]);
+    let added = run(&["add", &scope, "counters", "c", "-2", "--event", "count=down"]);
+    assert_eq!(added["first_event_seq"].as_u64(), Some(2), "{added}");
+    assert_eq!(run(&["get", &scope, "counters", "c"])["counter"].as_i64(), Some(3));
+    let page = run(&["list", &scope, "notes", "--limit", "1"]);
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    assert_eq!(page["next_after_hex"].as_str(), Some("61"));
+    let page = run(&["list", &scope, "notes", "--after-hex", "61"]);
+    assert_eq!(page["items"][0]["key"].as_str(), Some("b"), "{page}");
+    assert!(page["next_after_hex"].is_null());
+    run(&["delete", &scope, "notes", "a"]);
+    let item = run(&["get", &scope, "notes", "a"]);
+    assert_eq!((item["deleted"].as_bool(), item["value_hex"].is_null()), (Some(true), true), "{item}");
+
+    // A second identity, piped from `dagfold identity` as the quick start does.
+    let b_identity = dagfold(&["identity", "--data-dir", path(b.path())]).stdout;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dagfold"))
+        .args(["member", "add", &scope, "--identity-json", "-", "--role", "writer"])
+        .args(api_flags(a.path()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&b_identity).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let b_key = hex::encode(identity(b.path()).0);
+    let members = run(&["member", "list", &scope]);
+    let role_of_b = |m: &serde_json::Value| m["members"].as_array().unwrap().iter().find(|x| x["public_key"] == b_key.as_str()).map(|x| x["role"].clone());
+    assert_eq!(role_of_b(&members), Some("writer".into()), "{members}");
+    run(&["member", "role", &scope, &b_key, "reader"]);
+    assert_eq!(role_of_b(&run(&["member", "list", &scope])), Some("reader".into()));
+    let rotated = run(&["key", "rotate", &scope]);
+    assert_eq!(run(&["member", "list", &scope])["current_key_id"], rotated["key_id"]);
+    run(&["member", "remove", &scope, &b_key]);
+    assert_eq!(role_of_b(&run(&["member", "list", &scope])), None);
+
+    // The events of the writes, from 1.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dagfold"))
+        .args(["events", &scope, "--from", "1"])
+        .args(api_flags(a.path()))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let second: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!((first["seq"].as_u64(), first["kind"].as_str(), first["data"].as_str()), (Some(1), Some("note"), Some("first")));
+    assert_eq!((second["seq"].as_u64(), second["kind"].as_str(), second["data"].as_str()), (Some(2), Some("count"), Some("down")));
+
+    // An unknown scope: the API's message on standard error, non-zero.
+    let out = dagfold(&[&["put", &hex::encode([0xee; 32]), "notes", "a", "x"][..], &api_flags(a.path())[..]].concat());
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_scope"), "{}", String::from_utf8_lossy(&out.stderr));
 }
