@@ -130,6 +130,22 @@ fn api_flags(data_dir: &Path) -> [&str; 2] {
     ["--data-dir", path(data_dir)]
 }
 
+/// The first `n` lines of `dagfold events SCOPE --from FROM`, as JSON; the
+/// command, which follows live, is then killed.
+fn event_lines(data_dir: &Path, scope: &str, from: u64, n: usize) -> Vec<serde_json::Value> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dagfold"))
+        .args(["events", scope, "--from", &from.to_string()])
+        .args(api_flags(data_dir))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let events = lines.take(n).map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    events
+}
+
 #[test]
 fn the_node_records_its_api_address_owner_only() {
     let dir = tempfile::tempdir().unwrap();
@@ -143,6 +159,10 @@ fn the_node_records_its_api_address_owner_only() {
     assert_eq!(id.public_key, hex::encode(node.identity().0));
     assert_eq!(client.health().unwrap().status, "serving");
     client.ready().unwrap();
+    // Export is offline: the running node holds the store.
+    let out = dagfold(&["export", "--data-dir", path(dir.path()), "--scope", &hex::encode([1u8; 32])]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open the store"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Events come live and, across a node restart, once each and in order
@@ -185,22 +205,11 @@ fn events_follow_and_resume_across_a_restart_and_the_read_commands_answer() {
     assert!(rx.recv_timeout(Duration::from_millis(500)).is_err(), "no event twice");
 
     // The command: from 3, a line per event, until killed.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dagfold"))
-        .args(["events", &scope, "--from", "3"])
-        .args(api_flags(dir.path()))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    for seq in 3..=5u64 {
-        let line = lines.next().unwrap().unwrap();
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["seq"].as_u64(), Some(seq), "{line}");
-        assert_eq!(v["kind"].as_str(), Some("ev0"), "{line}");
-        assert_eq!(v["data_hex"].as_str().map(str::len), Some(16), "{line}");
+    for (v, seq) in event_lines(dir.path(), &scope, 3, 3).iter().zip(3u64..) {
+        assert_eq!(v["seq"].as_u64(), Some(seq), "{v}");
+        assert_eq!(v["kind"].as_str(), Some("ev0"), "{v}");
+        assert_eq!(v["data_hex"].as_str().map(str::len), Some(16), "{v}");
     }
-    let _ = child.kill();
-    let _ = child.wait();
 
     // Reads.
     let scopes = dagfold_json(&["scope", "list", "--data-dir", path(dir.path())]);
@@ -293,17 +302,7 @@ fn the_client_commands_write_read_and_manage_members() {
     assert_eq!(role_of_b(&run(&["member", "list", &scope])), None);
 
     // The events of the writes, from 1.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dagfold"))
-        .args(["events", &scope, "--from", "1"])
-        .args(api_flags(a.path()))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    let second: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    let [first, second] = <[serde_json::Value; 2]>::try_from(event_lines(a.path(), &scope, 1, 2)).unwrap();
     assert_eq!((first["seq"].as_u64(), first["kind"].as_str(), first["data"].as_str()), (Some(1), Some("note"), Some("first")));
     assert_eq!((second["seq"].as_u64(), second["kind"].as_str(), second["data"].as_str()), (Some(2), Some("count"), Some("down")));
 
