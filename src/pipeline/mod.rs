@@ -212,6 +212,11 @@ pub struct PipelineState {
     pub divergences_heartbeat: AtomicU64,
     /// One past the number of the last commit written (0: none yet).
     pub durable_commits: AtomicU64,
+    /// The replica of the governance index the authorizer judges with: every
+    /// accepted governance op, inserted by the orderer before its commit is
+    /// durable, so `G` at any durable status's heads can be computed from
+    /// it (`Governance::state_at_shared`, under the read lock).
+    pub governance: Arc<RwLock<Governance>>,
 }
 
 pub struct Pipeline {
@@ -257,6 +262,7 @@ impl Pipeline {
             lacking: Mutex::new(Vec::new()),
             divergences_heartbeat: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
+            governance: gov_replica.clone(),
         });
         {
             let mut st = shared.status.write().unwrap();
