@@ -432,4 +432,14 @@ fn events_resume_from_the_last_id_then_follow_live() {
     assert_eq!((status, error_code(&body)), (404, "unknown_scope"));
     let (status, body) = call(&n, "GET", &format!("/v1/scopes/{}/events", hex::encode(w.scope)), None);
     assert_eq!((status, error_code(&body)), (401, "unauthenticated"));
+    let (status, body) = get(&n, &format!("/v1/scopes/{}/events?from=x", hex::encode(w.scope)), &token);
+    assert_eq!((status, error_code(&body)), (400, "bad_request"));
+
+    // The node drains: the open stream ends, and the node stops in time.
+    let mut n = n;
+    let stopping = std::time::Instant::now();
+    n.stop();
+    assert!(n.child.try_wait().unwrap().is_some_and(|s| s.success()), "the node stopped by itself");
+    assert!(stopping.elapsed() < Duration::from_secs(10), "draining took {:?}", stopping.elapsed());
+    assert!(next_sse(&mut resumed).is_none(), "the stream ended");
 }
