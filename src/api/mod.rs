@@ -53,9 +53,10 @@ pub const API_CONNECTIONS_MAX: usize = 256;
 pub const API_REQUESTS_CONCURRENT_MAX: usize = 32;
 
 /// Time for a request's head to arrive once its connection is open or its
-/// previous response was sent (hyper's header read timeout). A client on
-/// the same host sends it in one packet; 5 s tolerates a slow link while
-/// closing slow-loris connections quickly.
+/// previous response was sent (hyper's header read timeout, which also
+/// closes a keep-alive connection idle this long: measured, 5.0 s). A
+/// client on the same host sends a head in one packet; 5 s tolerates a
+/// slow link while closing slow-loris and idle connections quickly.
 pub const API_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
 
 /// Bytes of a request's head that hyper buffers at most (its minimum is
@@ -92,7 +93,8 @@ pub struct ApiState {
     ready: AtomicBool,
     /// The node began to drain (SIGTERM or SIGINT): not ready any more.
     draining: AtomicBool,
-    /// Turns true when the node drains: event streams end.
+    /// Turns true when the node begins to drain: event streams end (the
+    /// server itself stops later, `serve`'s own signal).
     shutdown: watch::Receiver<bool>,
     /// Event streams open at once (`API_EVENT_STREAMS_MAX`).
     event_streams: Arc<Semaphore>,

@@ -417,6 +417,15 @@ mod tests {
     }
 
     #[test]
+    fn the_api_token_file_is_in_the_data_directory_unless_named() {
+        let c = args(&["--data-dir", "/x/d"]).resolve().unwrap();
+        assert_eq!(c.api_token_file, PathBuf::from("/x/d").join(API_TOKEN_FILE_DEFAULT));
+        let c = args(&["--data-dir", "/x/d", "--api-token-file", "/y/t"]).resolve().unwrap();
+        assert_eq!(c.api_token_file, PathBuf::from("/y/t"));
+        assert!(help_of("api-token-file").ends_with("[default: <data-dir>/api-token]"));
+    }
+
+    #[test]
     fn a_flag_overrides_the_file_and_the_file_the_default() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("node.toml");

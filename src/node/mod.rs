@@ -197,7 +197,9 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         let api_state = Arc::new(crate::api::ApiState::new(shared.clone(), api_token, shutdown_rx.clone()));
         // The store is open and restored, the QUIC endpoint listens.
         api_state.set_ready();
-        let api = tokio::spawn(crate::api::serve(admin_listener, api_state.clone(), shutdown_rx.clone()));
+        // The API stops last: `/v1/ready` answers 503 while the rest drains.
+        let (api_stop_tx, api_stop_rx) = watch::channel(false);
+        let api = tokio::spawn(crate::api::serve(admin_listener, api_state.clone(), api_stop_rx));
         let peer_task = tokio::spawn(peers::run_peers(shared.clone(), dialer, gossip_rx, shutdown_rx.clone()));
         wait_for_signal().await;
         // Not ready from the signal on, before anything drains.
@@ -206,6 +208,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         let _ = shutdown_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         peer_task.abort();
+        let _ = api_stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_millis(crate::api::API_DRAIN_MS + 500), api).await;
         crate::net::close_endpoint(&endpoint);
         Ok(())
