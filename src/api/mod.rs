@@ -285,6 +285,7 @@ pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError>
 /// (`reads::routes`, `events::routes`) behind the token, and the layers
 /// every route shares.
 pub fn router(state: Arc<ApiState>) -> Router {
+    // Each module's authenticated routes join here, behind the token.
     let authenticated = Router::new()
         .merge(reads::routes())
         .merge(events::routes())
