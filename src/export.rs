@@ -165,14 +165,14 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
 /// The deliveries this node made for `scope` (`Cf::Meta`, `delivery/` ‖
 /// recipient ‖ scope ‖ key_id → borsh(KeyDelivery)), each as stored.
 fn deliveries_of(reader: &crate::store::rocks::StoreReader, scope: &Hash) -> Result<Vec<Vec<u8>>, ExportError> {
-    let scope_at = META_DELIVERY_PREFIX.len() + 32;
+    // Keys without the prefix: recipient ‖ scope ‖ key_id.
     let mut found = Vec::new();
-    let mut after = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
     loop {
-        let page = reader.scan_prefix(Cf::Meta, META_DELIVERY_PREFIX, &after, DELIVERY_SCAN_PAGE)?;
+        let page = reader.records_after(Cf::Meta, META_DELIVERY_PREFIX, after.as_deref(), DELIVERY_SCAN_PAGE)?;
         let Some((last, _)) = page.last() else { break };
-        after = last.clone();
-        found.extend(page.into_iter().filter(|(k, _)| k.get(scope_at..scope_at + 32) == Some(&scope[..])).map(|(_, v)| v));
+        after = Some(last.clone());
+        found.extend(page.into_iter().filter(|(k, _)| k.get(32..64) == Some(&scope[..])).map(|(_, v)| v));
     }
     Ok(found)
 }

@@ -2,7 +2,8 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the bird's-eye view and the code map.
 
-pub mod admin;
+#[cfg(feature = "rocksdb-store")]
+pub mod api;
 pub mod clock;
 #[cfg(feature = "rocksdb-store")]
 pub mod cli;

@@ -107,6 +107,27 @@ pub const SUBSCRIBER_QUEUE_BYTES_MAX: u64 = 4 << 20;
 /// where two replies of 4,096 ops of 256 KiB could hold 2 GiB before.
 pub const SYNC_REPLY_BYTES_MAX: u64 = 4 << 20;
 
+/// API.md, "Encoding": a request body over 1 MiB is refused (413). A frame
+/// is at most 1 MiB too, so nothing the API writes needs more.
+pub const API_BODY_BYTES_MAX: usize = 1 << 20;
+/// API.md: the bearer token is 32 random bytes (256 bits: not guessable).
+pub const API_TOKEN_BYTES: usize = 32;
+/// The API's event streams (Server-Sent Events) open at once. Each holds a
+/// connection (`api::API_CONNECTIONS_MAX` leaves room beside them) and one
+/// of the hub's subscriptions (`node::hub::SUBSCRIPTIONS_MAX`, shared with
+/// the QUIC subscribers); an application follows a few scopes, each with a
+/// stream or two. Past it a stream is refused (503), retryable.
+pub const API_EVENT_STREAMS_MAX: usize = 128;
+/// Items one listing page holds at most (API.md: `limit` at most 1000):
+/// 1,000 cells of up to a few KiB read in one blocking task and one
+/// response of a few MiB at most. A larger `limit` is 400.
+pub const API_ITEMS_PAGE_MAX: usize = 1000;
+/// Items a listing page holds when `limit` is not given (API.md).
+pub const API_ITEMS_PAGE_DEFAULT: usize = 100;
+/// Entities one `GET .../entities` page holds at most, for the same reason;
+/// past it the answer carries `next_after` to ask for the rest.
+pub const API_ENTITIES_PAGE_MAX: usize = 1000;
+
 const _: () = assert!(OP_PAYLOAD_BYTES_MAX < FRAME_BYTES_MAX);
 const _: () = assert!(BUFFERED_OPS_PER_SCOPE_MAX >= 10_000);
 const _: () = assert!(BUFFERED_BYTES_PER_SCOPE_MAX >= 64 << 20);
@@ -116,3 +137,5 @@ const _: () = assert!(CONNECTIONS_RETRY_FROM_PERCENT + PEER_SLOTS_PERCENT_MAX <=
 const _: () = assert!(SUBSCRIBER_QUEUE_BYTES_MAX >= 4 * FRAME_BYTES_MAX as u64);
 const _: () = assert!(SYNC_REPLY_BYTES_MAX >= FRAME_BYTES_MAX as u64);
 const _: () = assert!(SUBSCRIPTIONS_PER_CONNECTION_MAX <= SUBSCRIPTIONS_PER_KEY_MAX);
+const _: () = assert!(API_BODY_BYTES_MAX >= FRAME_BYTES_MAX as usize);
+const _: () = assert!(API_ITEMS_PAGE_DEFAULT <= API_ITEMS_PAGE_MAX);

@@ -7,7 +7,6 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::admin::head_end;
 
 /// The largest response `http_get` reads: metrics text with many scopes
 /// and labels stays far below.
@@ -70,4 +69,19 @@ pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> io::Result<(
     }
     let body = String::from_utf8(body.to_vec()).map_err(|_| invalid("body not UTF-8"))?;
     Ok((status, body))
+}
+
+/// The length of a response head up to and including its blank line,
+/// `\r\n\r\n` or a bare `\n\n`.
+fn head_end(bytes: &[u8]) -> Option<usize> {
+    (0..bytes.len()).find_map(|i| {
+        let rest = &bytes[i..];
+        if rest.starts_with(b"\r\n\r\n") {
+            Some(i + 4)
+        } else if rest.starts_with(b"\n\n") {
+            Some(i + 2)
+        } else {
+            None
+        }
+    })
 }

@@ -1,14 +1,12 @@
-//! The QUIC transport and the admin server, over loopback (127.0.0.1, port 0).
+//! The QUIC transport, over loopback (127.0.0.1, port 0).
 //! Every wait is bounded by `WAIT` or a shorter, named timeout.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use dagfold::admin::{self, StatusSource};
 use dagfold::net::fair::TURN_ITEMS;
 use dagfold::net::frame::{read_frame, FrameError};
 use dagfold::net::server::{ConfigError, FRAME_CHARGE_OVERHEAD_BYTES};
@@ -719,97 +717,3 @@ async fn identities_are_proved_in_the_handshake() {
     assert_eq!(keys, vec![Some(public(client_seed)), None], "the server sees the client's key, then none");
 }
 
-struct FakeStatus {
-    known: [u8; 32],
-}
-
-impl StatusSource for FakeStatus {
-    fn identity_json(&self) -> String {
-        r#"{"public_key":"aa","kem_public_key":"bb"}"#.to_owned()
-    }
-    fn scope_json(&self, scope: &[u8; 32]) -> Option<String> {
-        (scope == &self.known).then(|| format!(r#"{{"scope":"{}"}}"#, hex::encode(scope)))
-    }
-    fn scopes_json(&self) -> String {
-        format!(r#"["{}"]"#, hex::encode(self.known))
-    }
-    fn metrics_text(&self) -> String {
-        "# TYPE dagfold_test_total counter\ndagfold_test_total 1\n".to_owned()
-    }
-}
-
-/// Writes raw bytes to the admin server and reads the whole response.
-fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
-    let mut stream = TcpStream::connect_timeout(&addr, WAIT).expect("connect");
-    stream.set_read_timeout(Some(WAIT)).expect("timeout");
-    stream.set_write_timeout(Some(WAIT)).expect("timeout");
-    // The server may answer (431) and close before taking all of a large
-    // request; that write error is expected.
-    let _ = stream.write_all(request);
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    String::from_utf8_lossy(&response).into_owned()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_server_answers_its_routes() {
-    let known = [0x5a; 32];
-    let listener = tokio::net::TcpListener::bind(loopback()).await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (shutdown, shutdown_rx) = watch::channel(false);
-    let server = tokio::spawn(admin::serve_admin(listener, Arc::new(FakeStatus { known }), shutdown_rx));
-
-    let known_hex = hex::encode(known);
-    let cases: Vec<(String, u16, Option<String>)> = vec![
-        ("/v1/identity".into(), 200, Some(r#"{"public_key":"aa","kem_public_key":"bb"}"#.into())),
-        ("/v1/scopes".into(), 200, Some(format!(r#"["{known_hex}"]"#))),
-        (format!("/v1/scopes/{known_hex}"), 200, Some(format!(r#"{{"scope":"{known_hex}"}}"#))),
-        (format!("/v1/scopes/{}", known_hex.to_uppercase()), 200, Some(format!(r#"{{"scope":"{known_hex}"}}"#))),
-        (format!("/v1/scopes/{}", "00".repeat(32)), 404, None),
-        (format!("/v1/scopes/{}", "zz".repeat(32)), 404, None),
-        (format!("/v1/scopes/{}", "5a".repeat(31)), 404, None),
-        ("/v1/scopes/".into(), 404, None),
-        ("/metrics".into(), 200, Some("# TYPE dagfold_test_total counter\ndagfold_test_total 1\n".into())),
-        ("/metrics?name=x".into(), 200, None),
-        ("/nowhere".into(), 404, None),
-    ];
-    let answers = tokio::task::spawn_blocking(move || {
-        cases
-            .into_iter()
-            .map(|(path, status, body)| (path.clone(), status, body, dagfold::testkit::http_get(addr, &path, WAIT)))
-            .collect::<Vec<_>>()
-    });
-    for (path, status, body, answer) in timeout(WAIT * 2, answers).await.expect("in time").expect("task") {
-        let (got_status, got_body) = answer.unwrap_or_else(|e| panic!("{path}: {e}"));
-        assert_eq!(got_status, status, "{path}: {got_body}");
-        if let Some(body) = body {
-            assert_eq!(got_body, body, "{path}");
-        }
-        if status == 404 {
-            let json: serde_json::Value = serde_json::from_str(&got_body).expect("a JSON error body");
-            assert!(json["error"].is_string(), "{path}: {got_body}");
-        }
-    }
-
-    let raw = tokio::task::spawn_blocking(move || {
-        (
-            raw_exchange(addr, b"GET /v1/identity HTTP/1.1\r\nhost: x\r\n\r\n"),
-            raw_exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n"),
-            raw_exchange(addr, b"POST /v1/identity HTTP/1.1\r\ncontent-length: 0\r\n\r\n"),
-            raw_exchange(addr, b"GET /v1/identity SPDY/3\r\n\r\n"),
-            raw_exchange(addr, &[b"GET /".as_slice(), &[b'a'; 9000], b" HTTP/1.1\r\n\r\n"].concat()),
-        )
-    });
-    let (identity, metrics_text, post, bad_version, too_large) =
-        timeout(WAIT * 2, raw).await.expect("in time").expect("task");
-    assert!(identity.starts_with("HTTP/1.1 200 OK\r\n"), "{identity}");
-    assert!(identity.contains("\r\ncontent-type: application/json\r\n"), "{identity}");
-    assert!(metrics_text.contains("\r\ncontent-type: text/plain; version=0.0.4\r\n"), "{metrics_text}");
-    assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
-    assert!(post.contains("\r\nallow: GET\r\n"), "{post}");
-    assert!(bad_version.starts_with("HTTP/1.1 400 "), "{bad_version}");
-    assert!(too_large.starts_with("HTTP/1.1 431 "), "{too_large}");
-
-    shutdown.send(true).expect("admin listening");
-    timeout(WAIT, server).await.expect("admin stops in time").expect("no panic");
-}

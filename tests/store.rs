@@ -475,3 +475,45 @@ fn rocksdb_flush_threads_run_niced_and_compaction_does_not() {
     assert!(flush.iter().all(|n| *n >= dagfold::store::rocks::FLUSH_NICE), "flush threads at {flush:?}");
     assert!(!compaction.is_empty() && compaction.iter().all(|n| *n < dagfold::store::rocks::FLUSH_NICE), "compaction at {compaction:?}");
 }
+
+/// The index of cells by entity (`Cf::Items`) is written with the cells;
+/// a store written before it (cells, no index records) gets it built at
+/// open, the same records; a store that has it is left as it is.
+#[test]
+fn the_cell_index_is_written_with_the_cells_and_built_for_an_older_store() {
+    let items = |store: &RocksStore| {
+        let mut records = Vec::new();
+        store.scan(Cf::Items, &mut |k, v| records.push((k.to_vec(), v.to_vec())));
+        records
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = RocksStore::open(dir.path()).unwrap();
+    let id = dagfold::store::load_or_create_identity(&mut store).unwrap();
+    let cfg = dagfold::workload::WorkloadConfig { seed: 5, data_ops: 300, writers: 2, ..Default::default() };
+    let w = dagfold::workload::generate(&cfg, id.public_key, id.kem_public);
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
+    node.handle_frames(&frames, 0).unwrap();
+    let written = items(&node.store);
+    let mut cells = 0;
+    node.store.scan(Cf::Projection, &mut |_, _| cells += 1);
+    assert!(cells > 0);
+    let entities = written.iter().filter(|(k, _)| k[32] == 0).count();
+    assert_eq!(written.len() - entities, cells, "one index record a cell");
+    assert!((1..=4).contains(&entities), "the workload's entities e0..e3: {entities}");
+    drop(node);
+
+    // Reopened with its index: nothing written.
+    let node = InlineDriver::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
+    assert_eq!(items(&node.store), written);
+    // As an older store: the index records deleted, then reopened.
+    // The engine's cold index holds the database open too.
+    let InlineDriver { engine, mut store, .. } = node;
+    drop(engine);
+    let deletes: Vec<dagfold::core::Write> = written.iter().map(|(k, _)| dagfold::core::Write::Delete(Cf::Items, k.clone())).collect();
+    store.write(&deletes, true).unwrap();
+    store.flush().unwrap();
+    drop(store);
+    let node = InlineDriver::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
+    assert_eq!(items(&node.store), written, "built at open, the same records");
+}

@@ -108,7 +108,7 @@ pub struct Engine {
     pub(super) dropped_order: VecDeque<(u64, Hash)>,
     pub(super) seq: u64,
     pub(super) work: VecDeque<Hash>,
-    out: Commit,
+    pub(super) out: Commit,
     /// Scopes whose status changed since `take_touched_scopes`.
     pub(super) touched: Vec<u32>,
     /// Buffer records put in the commit being built: an op buffered and

@@ -191,6 +191,13 @@ impl Governance {
         state
     }
 
+    /// `G(cut)` for a reader holding a shared lock (the API): from the cache
+    /// if there, without touching its order, else computed and not kept.
+    /// Every id of `cut` must be an indexed (accepted) op.
+    pub fn state_at_shared(&self, cut: &[Hash]) -> Arc<GovState> {
+        self.cache.peek(cut).unwrap_or_else(|| Arc::new(self.compute(cut)))
+    }
+
     /// From scratch: collect the ancestors with a work list, sort, apply.
     fn compute(&self, cut: &[Hash]) -> GovState {
         let mut ancestors: HashSet<Hash> = HashSet::new();
@@ -269,6 +276,10 @@ impl Default for CutCache {
 }
 
 impl CutCache {
+    fn peek(&self, cut: &[Hash]) -> Option<Arc<GovState>> {
+        self.index.get(cut).map(|&i| self.slots[i as usize].state.clone())
+    }
+
     fn get(&mut self, cut: &[Hash]) -> Option<Arc<GovState>> {
         let i = *self.index.get(cut)?;
         if i != self.newest {

@@ -20,6 +20,8 @@ pub struct Projection {
     smt: Smt,
     /// Paths changed since the last `take_changed`, for the commit.
     changed: Vec<Hash>,
+    /// Of those, the cells created (their index records are written once).
+    created: Vec<Hash>,
 }
 
 impl Projection {
@@ -62,6 +64,7 @@ impl Projection {
             let slot = self.cells.get_mut(path).expect("touched cell exists");
             let leaf = cell_leaf(path, &slot.cell);
             if slot.leaf == u32::MAX {
+                self.created.push(*path);
                 slot.leaf = self.smt.insert(*path, leaf);
             } else {
                 self.smt.update(slot.leaf, leaf);
@@ -101,12 +104,15 @@ impl Projection {
         self.smt.take_checkpoint_roots(out);
     }
 
-    /// Cells changed since the last call (each once), for the commit.
-    pub fn take_changed(&mut self) -> Vec<(Hash, &CellSlot)> {
+    /// Cells changed since the last call (each once), for the commit, each
+    /// with whether it was created since then.
+    pub fn take_changed(&mut self) -> Vec<(Hash, &CellSlot, bool)> {
         let mut changed = std::mem::take(&mut self.changed);
         changed.sort_unstable();
         changed.dedup();
-        changed.into_iter().map(|p| (p, &self.cells[&p])).collect()
+        let mut created = std::mem::take(&mut self.created);
+        created.sort_unstable();
+        changed.into_iter().map(|p| (p, &self.cells[&p], created.binary_search(&p).is_ok())).collect()
     }
 
     /// Restores a cell read back from the store (no fold is re-run).

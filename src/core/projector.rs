@@ -13,7 +13,7 @@
 
 use super::commit::{Check, Commit, Fold};
 use super::projection::Projection;
-use super::tables::{scope_meta_key, Cf, Write};
+use super::tables::{item_index_writes, scope_meta_key, Cf, Write};
 use crate::protocol::{encode, Action, Hash, PublicKey, ZERO};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -159,7 +159,10 @@ impl Projector {
         touched.dedup();
         for scope in &touched {
             let p = self.scopes.get_mut(scope).expect("a touched scope is projected");
-            for (path, slot) in p.projection.take_changed() {
+            for (path, slot, created) in p.projection.take_changed() {
+                if created {
+                    c.writes.extend(item_index_writes(scope, &slot.entity, &slot.key));
+                }
                 let key = [scope.as_slice(), path.as_slice()].concat();
                 // borsh of (entity, key, cell), without cloning them.
                 let mut val = Vec::with_capacity(16 + slot.entity.len() + slot.key.len() + 64);

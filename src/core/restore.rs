@@ -14,7 +14,7 @@ use super::buffers::Buffered;
 use super::cold::ColdOps;
 use super::engine::{AppliedMeta, Engine, Entry};
 use super::governance::GovNode;
-use super::tables::{decode_cell_record, Cf, ScopeRecord, META_FOLLOW_PREFIX, META_SCOPE_PREFIX};
+use super::tables::{decode_cell_record, item_index_writes, Cf, ScopeRecord, META_FOLLOW_PREFIX, META_SCOPE_PREFIX};
 use super::types::{BufKind, Config, Identity, Reason};
 use crate::protocol::codec::{decode_gov_payload, decode_op, op_body};
 use crate::protocol::crypto::delta_id_of_body;
@@ -23,6 +23,13 @@ use crate::protocol::{Hash, PLANE_GOVERNANCE};
 /// Read access to the tables, for `Engine::restore`.
 pub trait TableScan {
     fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8]));
+
+    /// Whether `cf` holds no record (a store overrides this scan of all).
+    fn is_empty(&self, cf: Cf) -> bool {
+        let mut empty = true;
+        self.scan(cf, &mut |_, _| empty = false);
+        empty
+    }
 }
 
 impl Engine {
@@ -103,13 +110,25 @@ impl Engine {
         for (scope, n) in per_scope_applied {
             assert_eq!(e.scopes[scope as usize].applied, n, "scope record counts its applied ops");
         }
+        let mut cells = 0u64;
         t.scan(Cf::Projection, &mut |k, v| {
             let scope: Hash = k[..32].try_into().expect("scope ‖ path");
             let path: Hash = k[32..].try_into().expect("scope ‖ path");
             let (entity, key, cell) = decode_cell_record(v);
             e.scope_idx(&scope);
             e.projector.as_mut().expect("a new engine folds").restore_cell(scope, path, entity, key, cell);
+            cells += 1;
         });
+        // A store written before the cell index (`Cf::Items`) has cells and
+        // no index records; every cell has its records since, written with
+        // it: build them once, in the commit of the restore.
+        if cells > 0 && t.is_empty(Cf::Items) {
+            t.scan(Cf::Projection, &mut |k, v| {
+                let scope: Hash = k[..32].try_into().expect("scope ‖ path");
+                let (entity, key, _) = decode_cell_record(v);
+                e.out.writes.extend(item_index_writes(&scope, &entity, &key));
+            });
+        }
         let mut dropped: Vec<(u64, Hash, Reason, Hash)> = Vec::new();
         t.scan(Cf::Dropped, &mut |k, v| {
             let reason = Reason::from_code(v[0]).expect("stored reason is known");

@@ -35,11 +35,29 @@ pub enum Cf {
     /// scope, consecutive from `first seq`: count ‖ (op ‖ borsh(Event))*.
     /// One record per commit and scope, not per event.
     Events,
+    /// The index of the cells by entity, for the API's listings: insert
+    /// only, like the cells it points to, and written in the commit that
+    /// creates its cell. `scope ‖ 0x00 ‖ entity` → (empty): an entity with
+    /// cells; `scope ‖ 0x01 ‖ u32 BE len(entity) ‖ entity ‖ key` → (empty):
+    /// a cell, found in `Projection` at its path. Keys sort by entity bytes,
+    /// then by key bytes within one entity (the length prefix keeps one
+    /// entity's keys apart from a longer entity's).
+    Items,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 9] =
-        [Cf::Ops, Cf::Pending, Cf::KeyWaits, Cf::Projection, Cf::Governance, Cf::Dropped, Cf::Keys, Cf::Meta, Cf::Events];
+    pub const ALL: [Cf; 10] = [
+        Cf::Ops,
+        Cf::Pending,
+        Cf::KeyWaits,
+        Cf::Projection,
+        Cf::Governance,
+        Cf::Dropped,
+        Cf::Keys,
+        Cf::Meta,
+        Cf::Events,
+        Cf::Items,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -52,6 +70,7 @@ impl Cf {
             Cf::Keys => "keys",
             Cf::Meta => "meta",
             Cf::Events => "events",
+            Cf::Items => "items",
         }
     }
 }
@@ -107,4 +126,30 @@ pub(crate) fn decode_cell_record(v: &[u8]) -> (String, Vec<u8>, Cell) {
     let key = r.bytes(u32::MAX).expect("stored key");
     let cell = crate::protocol::codec::decode_cell(&v[r.position()..]).expect("stored cell");
     (entity, key, cell)
+}
+
+/// `Cf::Items`: the tag of an entity record after the scope.
+const ITEMS_ENTITY_TAG: u8 = 0x00;
+/// `Cf::Items`: the tag of a cell record after the scope.
+const ITEMS_CELL_TAG: u8 = 0x01;
+
+/// The prefix of every entity record of `scope` in `Cf::Items` (the entity
+/// follows it).
+pub fn items_entities_prefix(scope: &Hash) -> Vec<u8> {
+    [scope.as_slice(), &[ITEMS_ENTITY_TAG]].concat()
+}
+
+/// The prefix of the cell records of `entity` in `scope` in `Cf::Items`
+/// (the cell's key follows it).
+pub fn items_cells_prefix(scope: &Hash, entity: &str) -> Vec<u8> {
+    let len = u32::try_from(entity.len()).expect("an entity fits a frame");
+    [scope.as_slice(), &[ITEMS_CELL_TAG], &len.to_be_bytes(), entity.as_bytes()].concat()
+}
+
+/// The index records of a new cell (`Cf::Items`): its entity's and its own.
+pub(crate) fn item_index_writes(scope: &Hash, entity: &str, key: &[u8]) -> [Write; 2] {
+    [
+        Write::Put(Cf::Items, [items_entities_prefix(scope).as_slice(), entity.as_bytes()].concat(), Vec::new()),
+        Write::Put(Cf::Items, [items_cells_prefix(scope, entity).as_slice(), key].concat(), Vec::new()),
+    ]
 }

@@ -27,6 +27,9 @@ pub const DATA_DIR_DEFAULT: &str = "./dagfold-data";
 /// QUIC default (`ServerConfig::default().listen`, port 7400).
 pub const ADMIN_DEFAULT: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7401));
 
+/// The API token's file in the data directory unless told otherwise.
+pub const API_TOKEN_FILE_DEFAULT: &str = "api-token";
+
 /// Interval of the heads heartbeat to peers unless told otherwise.
 pub const HEARTBEAT_MS_DEFAULT: u64 = 1_000;
 
@@ -39,6 +42,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
+    /// The file of the API's bearer token (`api::load_or_create_token`).
+    pub api_token_file: PathBuf,
     pub peers: Vec<PeerAddr>,
     /// Geneses accepted from these authors besides the node itself.
     pub accept_scopes_from: Vec<PublicKey>,
@@ -74,9 +79,14 @@ pub struct Settings {
     /// QUIC address for peers and clients
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// HTTP address for /v1/identity, /v1/scopes/{id} and /metrics
+    /// HTTP address of the application API (API.md), status and metrics
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// The file holding the API's bearer token: 32 random bytes in hex,
+    /// made (mode 0600) on the first start if missing, kept otherwise
+    /// [default: <data-dir>/api-token]
+    #[arg(long)]
+    pub api_token_file: Option<PathBuf>,
     /// A peer (repeatable): gossip, heartbeat and sync. `KEY@HOST:PORT`
     /// dials only a node that proves KEY (its public key, 64 hex) and serves
     /// that key every scope; `HOST:PORT` dials any key, which is then served
@@ -157,6 +167,8 @@ impl Settings {
             data_dir: Some(PathBuf::from(DATA_DIR_DEFAULT)),
             listen: Some(net.listen),
             admin: Some(ADMIN_DEFAULT),
+            // Beside the data directory, wherever that is (`into_config`).
+            api_token_file: None,
             peers: Vec::new(),
             accept_scopes_from: Vec::new(),
             accept_any_scope: Some(false),
@@ -188,7 +200,7 @@ impl Settings {
     /// them, checked.
     fn into_config(self) -> Result<NodeConfig, ResolveError> {
         fn set<T>(value: Option<T>) -> T {
-            value.expect("every setting but connections_per_origin_max has a default")
+            value.expect("every setting but connections_per_origin_max and api_token_file has a default")
         }
         let sync = match self.durability.as_deref() {
             None | Some("durable") => true,
@@ -196,8 +208,10 @@ impl Settings {
             Some(other) => return Err(ResolveError::Durability(other.to_owned())),
         };
         let connections_max = set(self.connections_max);
+        let data_dir = set(self.data_dir);
         let c = NodeConfig {
-            data_dir: set(self.data_dir),
+            api_token_file: self.api_token_file.unwrap_or_else(|| data_dir.join(API_TOKEN_FILE_DEFAULT)),
+            data_dir,
             listen: set(self.listen),
             admin: set(self.admin),
             peers: self.peers,
@@ -400,6 +414,15 @@ mod tests {
         let (p, n) = (&c.pipeline, &c.net);
         assert_eq!((p.verify_batch_max, p.stage_queue_batches, p.tick_ms), (pipeline.verify_batch_max, pipeline.stage_queue_batches, pipeline.tick_ms));
         assert_eq!((n.frames_buffered_bytes_max, n.idle_timeout_ms, n.listen), (net.frames_buffered_bytes_max, net.idle_timeout_ms, net.listen));
+    }
+
+    #[test]
+    fn the_api_token_file_is_in_the_data_directory_unless_named() {
+        let c = args(&["--data-dir", "/x/d"]).resolve().unwrap();
+        assert_eq!(c.api_token_file, PathBuf::from("/x/d").join(API_TOKEN_FILE_DEFAULT));
+        let c = args(&["--data-dir", "/x/d", "--api-token-file", "/y/t"]).resolve().unwrap();
+        assert_eq!(c.api_token_file, PathBuf::from("/y/t"));
+        assert!(help_of("api-token-file").ends_with("[default: <data-dir>/api-token]"));
     }
 
     #[test]

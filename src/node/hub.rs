@@ -4,9 +4,11 @@
 //! closes), and its stream tells the client it lagged (iroh-gossip's rule):
 //! the pipeline never blocks on a slow reader.
 //!
-//! Each subscriber proved a key that may see its scope (SPEC §10: a member
-//! at the governance heads, or a peer configured by key); when a commit
-//! removes a member, [`Hub::revoke`] ends that key's live subscriptions.
+//! Each subscriber over QUIC proved a key that may see its scope (SPEC §10:
+//! a member at the governance heads, or a peer configured by key); when a
+//! commit removes a member, [`Hub::revoke`] ends that key's live
+//! subscriptions. The node's own application (the API's event streams,
+//! authenticated by its token) subscribes with no key: it is never revoked.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,8 +34,8 @@ fn event_bytes(kind: &str, data: &[u8]) -> u64 {
 
 struct Sub {
     id: u64,
-    /// The key the subscriber proved.
-    key: PublicKey,
+    /// The key the subscriber proved; none for the node's own application.
+    key: Option<PublicKey>,
     /// The connection it came on (`net::Inbound::conn_id`).
     conn: u64,
     /// Events are shared by every subscriber of their scope (one copy per
@@ -101,34 +103,37 @@ struct Holders {
 
 impl Holders {
     /// Why `sub` may not be taken, as counted (`reason`), if it may not.
-    fn refusal(&self, key: &PublicKey, conn: u64) -> Option<&'static str> {
+    fn refusal(&self, key: Option<&PublicKey>, conn: u64) -> Option<&'static str> {
         if self.count >= SUBSCRIPTIONS_MAX {
             Some("node")
         } else if self.per_connection.get(&conn).copied().unwrap_or(0) >= SUBSCRIPTIONS_PER_CONNECTION_MAX {
             Some("connection")
-        } else if self.per_key.get(key).copied().unwrap_or(0) >= SUBSCRIPTIONS_PER_KEY_MAX {
+        } else if key.is_some_and(|key| self.per_key.get(key).copied().unwrap_or(0) >= SUBSCRIPTIONS_PER_KEY_MAX) {
             Some("key")
         } else {
             None
         }
     }
 
-    fn take(&mut self, key: PublicKey, conn: u64) {
+    fn take(&mut self, key: Option<PublicKey>, conn: u64) {
         self.count += 1;
         *self.per_connection.entry(conn).or_default() += 1;
-        *self.per_key.entry(key).or_default() += 1;
+        if let Some(key) = key {
+            *self.per_key.entry(key).or_default() += 1;
+        }
     }
 
     fn release(&mut self, sub: &Sub) {
         self.count -= 1;
-        for n in [self.per_connection.get_mut(&sub.conn), self.per_key.get_mut(&sub.key)] {
-            *n.expect("a held subscription is counted") -= 1;
-        }
+        *self.per_connection.get_mut(&sub.conn).expect("a held subscription is counted") -= 1;
         if self.per_connection[&sub.conn] == 0 {
             self.per_connection.remove(&sub.conn);
         }
-        if self.per_key[&sub.key] == 0 {
-            self.per_key.remove(&sub.key);
+        if let Some(key) = &sub.key {
+            *self.per_key.get_mut(key).expect("a held subscription is counted") -= 1;
+            if self.per_key[key] == 0 {
+                self.per_key.remove(key);
+            }
         }
     }
 }
@@ -163,7 +168,7 @@ impl Hub {
         let Some(s) = scopes.get_mut(scope) else { return 0 };
         let before = s.subs.len();
         s.subs.retain(|sub| {
-            let keep = members.binary_search(&sub.key).is_ok() || self.peer_keys.contains(&sub.key);
+            let keep = sub.key.is_none_or(|key| members.binary_search(&key).is_ok() || self.peer_keys.contains(&key));
             if !keep {
                 holders.release(sub);
             }
@@ -211,11 +216,12 @@ impl Hub {
     /// last sequence number: events up to it are read from the store's
     /// event log. Refused, with the reason as counted, when the node's
     /// subscriptions (`node`), the connection's (`connection`) or the key's
-    /// (`key`) are at their bound.
-    pub fn subscribe(&self, scope: Hash, key: PublicKey, conn: u64) -> Result<Subscription, &'static str> {
+    /// (`key`) are at their bound. `key` is none for the node's own
+    /// application (never revoked, not bounded per key).
+    pub fn subscribe(&self, scope: Hash, key: Option<PublicKey>, conn: u64) -> Result<Subscription, &'static str> {
         let mut g = self.inner.lock().expect("hub lock");
         let Inner { scopes, next_id, holders } = &mut *g;
-        if let Some(reason) = holders.refusal(&key, conn) {
+        if let Some(reason) = holders.refusal(key.as_ref(), conn) {
             return Err(reason);
         }
         let (tx, rx) = tokio::sync::mpsc::channel(SUBSCRIBER_QUEUE_EVENTS_MAX);
@@ -260,8 +266,8 @@ mod tests {
     fn subscribers_share_each_event() {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let hub = Hub::new([], HashSet::new());
-        let mut a = hub.subscribe([1; 32], [3; 32], 1).unwrap();
-        let mut b = hub.subscribe([1; 32], [4; 32], 2).unwrap();
+        let mut a = hub.subscribe([1; 32], Some([3; 32]), 1).unwrap();
+        let mut b = hub.subscribe([1; 32], Some([4; 32]), 2).unwrap();
         hub.dispatch(&[event(1, 1 << 10)]);
         let (x, y) = (rt.block_on(a.live.recv()).unwrap(), rt.block_on(b.live.recv()).unwrap());
         assert!(Arc::ptr_eq(&x, &y), "one copy of the event for both");
@@ -274,8 +280,8 @@ mod tests {
     fn a_subscriber_queue_is_bounded_in_bytes() {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let hub = Hub::new([], HashSet::new());
-        let mut idle = hub.subscribe([1; 32], [3; 32], 1).unwrap();
-        let mut reader = hub.subscribe([1; 32], [4; 32], 2).unwrap();
+        let mut idle = hub.subscribe([1; 32], Some([3; 32]), 1).unwrap();
+        let mut reader = hub.subscribe([1; 32], Some([4; 32]), 2).unwrap();
         let big = 256 << 10;
         let fits = (SUBSCRIBER_QUEUE_BYTES_MAX / event_bytes("put", &vec![0; big])) as usize;
         let mut read = 0;
@@ -301,17 +307,17 @@ mod tests {
     fn subscriptions_are_bounded_per_connection_and_per_key() {
         let hub = Hub::new([], HashSet::new());
         let per_conn = SUBSCRIPTIONS_PER_CONNECTION_MAX as usize;
-        let mut held: Vec<Subscription> = (0..per_conn).map(|_| hub.subscribe([1; 32], [3; 32], 1).unwrap()).collect();
-        assert_eq!(hub.subscribe([1; 32], [3; 32], 1).err(), Some("connection"));
+        let mut held: Vec<Subscription> = (0..per_conn).map(|_| hub.subscribe([1; 32], Some([3; 32]), 1).unwrap()).collect();
+        assert_eq!(hub.subscribe([1; 32], Some([3; 32]), 1).err(), Some("connection"));
         hub.unsubscribe(&[1; 32], held.pop().unwrap().id);
-        held.push(hub.subscribe([1; 32], [3; 32], 1).expect("a released place is free again"));
+        held.push(hub.subscribe([1; 32], Some([3; 32]), 1).expect("a released place is free again"));
         let conns = SUBSCRIPTIONS_PER_KEY_MAX as usize / per_conn;
         for conn in 2..=conns as u64 {
             for _ in 0..per_conn {
-                held.push(hub.subscribe([1; 32], [3; 32], conn).unwrap());
+                held.push(hub.subscribe([1; 32], Some([3; 32]), conn).unwrap());
             }
         }
-        assert_eq!(hub.subscribe([1; 32], [3; 32], 999).err(), Some("key"));
-        assert!(hub.subscribe([1; 32], [4; 32], 999).is_ok(), "another key is served");
+        assert_eq!(hub.subscribe([1; 32], Some([3; 32]), 999).err(), Some("key"));
+        assert!(hub.subscribe([1; 32], Some([4; 32]), 999).is_ok(), "another key is served");
     }
 }

@@ -1,12 +1,13 @@
 //! `dagfold node`: the QUIC transport, the pipeline, status and metrics,
 //! events, gossip, heartbeat and sync, wired together.
 //!
-//! Threads: a small tokio runtime for the network side (transport, admin
-//! HTTP, peers, subscriptions, sync) and the pipeline's worker threads for
+//! Threads: a small tokio runtime for the network side (transport, the
+//! HTTP API, peers, subscriptions, sync) and the pipeline's worker threads for
 //! everything that decides or writes state.
 
 pub mod author;
 pub mod config;
+pub mod feed;
 pub mod hub;
 pub mod peers;
 pub mod serve;
@@ -58,12 +59,16 @@ pub enum NodeError {
     Net(#[from] crate::net::server::NetError),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error("the API token file {path}: {source}")]
+    Token { path: String, source: std::io::Error },
 }
 
 
 /// What the network side shares.
 pub struct NodeShared {
     pub identity_json: String,
+    /// The node's own identity key (the author of what the API writes).
+    pub public_key: crate::protocol::PublicKey,
     pub pipeline: Arc<crate::pipeline::PipelineState>,
     pub hub: Arc<Hub>,
     pub reader: StoreReader,
@@ -93,6 +98,9 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let metrics = install_metrics();
     let mut store = RocksStore::open(&cfg.data_dir)?;
     let identity = crate::store::load_or_create_identity(&mut store)?;
+    // After the store: its opening made the data directory private.
+    let api_token = crate::api::load_or_create_token(&cfg.api_token_file)
+        .map_err(|source| NodeError::Token { path: cfg.api_token_file.display().to_string(), source })?;
     let engine_cfg = Config {
         data_key_wait_ms: cfg.key_wait_ms,
         buffered_ops_per_scope_max: cfg.buffered_ops_per_scope_max,
@@ -158,6 +166,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let pipe = Pipeline::start(pipe_cfg, engine, store, ingest_rx, on_durable);
     let shared = Arc::new(NodeShared {
         identity_json: identity_json(&identity).to_string(),
+        public_key: identity.public_key,
         pipeline: pipe.shared.clone(),
         hub,
         reader,
@@ -185,6 +194,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         let mut first_line = identity_json(&identity);
         first_line["listen"] = listen.to_string().into();
         first_line["admin"] = admin_addr.to_string().into();
+        first_line["api_token_file"] = cfg.api_token_file.display().to_string().into();
         first_line["data_dir"] = cfg.data_dir.display().to_string().into();
         first_line["restored_ms"] = (restored_ms as u64).into();
         first_line["peers"] = cfg.peers.iter().map(|p| p.to_string()).collect::<Vec<_>>().into();
@@ -197,18 +207,22 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
             shutdown_rx.clone(),
             origin_turns,
         ));
-        let admin = tokio::spawn(crate::admin::serve_admin(
-            admin_listener,
-            Arc::new(serve::Status(shared.clone())),
-            shutdown_rx.clone(),
-        ));
+        let api_state = Arc::new(crate::api::ApiState::new(shared.clone(), api_token, shutdown_rx.clone()));
+        // The store is open and restored, the QUIC endpoint listens.
+        api_state.set_ready();
+        // The API stops last: `/v1/ready` answers 503 while the rest drains.
+        let (api_stop_tx, api_stop_rx) = watch::channel(false);
+        let api = tokio::spawn(crate::api::serve(admin_listener, api_state.clone(), api_stop_rx));
         let peer_task = tokio::spawn(peers::run_peers(shared.clone(), dialer, gossip_rx, shutdown_rx.clone()));
         wait_for_signal().await;
+        // Not ready from the signal on, before anything drains.
+        api_state.set_draining();
         eprintln!("dagfold: shutting down: draining the pipeline");
         let _ = shutdown_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         peer_task.abort();
-        let _ = tokio::time::timeout(Duration::from_secs(2), admin).await;
+        let _ = api_stop_tx.send(true);
+        let _ = tokio::time::timeout(Duration::from_millis(crate::api::API_DRAIN_MS + 500), api).await;
         crate::net::close_endpoint(&endpoint);
         Ok(())
     });

@@ -1,12 +1,13 @@
-//! The node's answers: the status source of the admin server, the sink of
-//! inbound frames (core messages to the pipeline, node messages to their
-//! handlers), the sync server and event subscriptions.
+//! The node's answers over QUIC: the sink of inbound frames (core messages
+//! to the pipeline, node messages to their handlers), who may see what, the
+//! sync server and event subscriptions.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
 
+use super::feed::Feed;
 use super::{Incoming, NodeShared};
 use crate::core::{Cf, Decoded};
 use crate::net::{Inbound, IngestClosed, ItemSink, Reply};
@@ -37,28 +38,6 @@ pub fn may_see(shared: &NodeShared, key: Option<&PublicKey>, scope: &Hash) -> Re
 async fn refuse(reply: &Reply, request: &'static str, reason: &'static str) {
     metrics::counter!("dagfold_requests_refused_total", "request" => request, "reason" => reason).increment(1);
     reply.refuse(crate::net::ERR_UNAUTHORIZED).await;
-}
-
-pub struct Status(pub Arc<NodeShared>);
-
-impl crate::admin::StatusSource for Status {
-    fn identity_json(&self) -> String {
-        self.0.identity_json.clone()
-    }
-
-    fn scope_json(&self, scope: &[u8; 32]) -> Option<String> {
-        let st = self.0.pipeline.status.read().unwrap();
-        st.get(scope).map(|s| s.to_json().to_string())
-    }
-
-    fn scopes_json(&self) -> String {
-        let st = self.0.pipeline.status.read().unwrap();
-        serde_json::Value::Array(st.values().map(|s| s.to_json()).collect()).to_string()
-    }
-
-    fn metrics_text(&self) -> String {
-        self.0.metrics.render()
-    }
 }
 
 /// Sync requests collected at once over all peers: each reads up to
@@ -274,13 +253,10 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, conn_id: u64, pee
 async fn serve_keys(shared: Arc<NodeShared>, req: KeysRequest, peer_key: Option<PublicKey>, reply: Reply) {
     let Some(key) = peer_key else { return refuse(&reply, "keys", "anonymous").await };
     let prefix = [crate::core::META_DELIVERY_PREFIX, &key[..]].concat();
-    let after = if req.after_scope == crate::protocol::ZERO && req.after_key_id == crate::protocol::ZERO {
-        Vec::new()
-    } else {
-        [&prefix[..], &req.after_scope[..], &req.after_key_id[..]].concat()
-    };
+    let after = (req.after_scope != crate::protocol::ZERO || req.after_key_id != crate::protocol::ZERO)
+        .then(|| [&req.after_scope[..], &req.after_key_id[..]].concat());
     let reader = shared.reader.clone();
-    let found = tokio::task::spawn_blocking(move || reader.scan_prefix(Cf::Meta, &prefix, &after, KEYS_REPLY_MAX as usize)).await;
+    let found = tokio::task::spawn_blocking(move || reader.records_after(Cf::Meta, &prefix, after.as_deref(), KEYS_REPLY_MAX as usize)).await;
     let Ok(Ok(found)) = found else { return };
     metrics::counter!("dagfold_keys_requests_served_total").increment(1);
     let sent = found.len() as u32;
@@ -295,9 +271,6 @@ async fn serve_keys(shared: Arc<NodeShared>, req: KeysRequest, peer_key: Option<
     let _ = reply.send(NodeMessage::SyncDone(SyncDone { sent }).encode()).await;
 }
 
-/// Events read from the log per store read while catching a subscriber up.
-const SUBSCRIPTION_HISTORY_CHUNK: usize = 1024;
-
 async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, conn_id: u64, peer_key: Option<PublicKey>, reply: Reply) {
     if let Err(reason) = may_see(&shared, peer_key.as_ref(), &sub.scope) {
         return refuse(&reply, "subscribe", reason).await;
@@ -305,77 +278,32 @@ async fn serve_subscription(shared: Arc<NodeShared>, sub: Subscribe, conn_id: u6
     let key = peer_key.expect("may_see refuses the anonymous");
     // Over the node's, the connection's or the key's bound: told to come
     // back from where it asked, like a subscriber that lagged.
-    let (mut live, last_seq, sub_id) = match shared.hub.subscribe(sub.scope, key, conn_id) {
-        Ok(s) => (s.live, s.last_seq, s.id),
+    let mut feed = match Feed::open(&shared.hub, &shared.reader, sub.scope, Some(key), conn_id, sub.from_seq) {
+        Ok(feed) => feed,
         Err(reason) => {
             metrics::counter!("dagfold_subscriptions_refused_total", "reason" => reason).increment(1);
             let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: sub.from_seq }).encode()).await;
             return;
         }
     };
-    let mut next = sub.from_seq.max(1);
-    // History from the event log, up to what was durable at subscription.
-    while next <= last_seq {
-        let reader = shared.reader.clone();
-        let scope = sub.scope;
-        let from = next;
-        let chunk = tokio::task::spawn_blocking(move || reader.events(&scope, from, last_seq, SUBSCRIPTION_HISTORY_CHUNK)).await;
-        let Ok(Ok(chunk)) = chunk else { break };
-        if chunk.is_empty() {
-            break;
-        }
-        for (seq, v) in chunk {
-            let Some(frame) = event_frame(&sub.scope, seq, &v) else { continue };
-            if reply.send(NodeMessage::Event(frame).encode()).await.is_err() {
-                shared.hub.unsubscribe(&sub.scope, sub_id);
-                return;
-            }
-            next = seq + 1;
-        }
-    }
-    next = next.max(last_seq + 1);
     loop {
         let ev = tokio::select! {
-            ev = live.recv() => ev,
-            // The client went away: release the subscription now, not at
-            // the scope's next event (a quiet scope may never have one).
-            _ = reply.closed() => {
-                shared.hub.unsubscribe(&sub.scope, sub_id);
-                return;
-            }
+            ev = feed.next() => ev,
+            // The client went away: the feed's drop releases the
+            // subscription now.
+            _ = reply.closed() => return,
         };
-        match ev {
-            Some(ev) => {
-                if ev.seq < next {
-                    continue;
-                }
-                next = ev.seq + 1;
-                if reply.send(NodeMessage::Event(Arc::unwrap_or_clone(ev)).encode()).await.is_err() {
-                    shared.hub.unsubscribe(&sub.scope, sub_id);
-                    return;
-                }
+        let Some(ev) = ev else {
+            // The hub dropped us: the key lost the scope (a removal was
+            // applied), or we fell behind: say where to resume.
+            if let Err(reason) = may_see(&shared, Some(&key), &sub.scope) {
+                return refuse(&reply, "subscribe", reason).await;
             }
-            None => {
-                // The hub dropped us: the key lost the scope (a removal was
-                // applied), or we fell behind: say where to resume.
-                if let Err(reason) = may_see(&shared, Some(&key), &sub.scope) {
-                    return refuse(&reply, "subscribe", reason).await;
-                }
-                let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: next }).encode()).await;
-                return;
-            }
+            let _ = reply.send(NodeMessage::Lagged(Lagged { scope: sub.scope, next_seq: feed.next_seq() }).encode()).await;
+            return;
+        };
+        if reply.send(NodeMessage::Event(Arc::unwrap_or_clone(ev)).encode()).await.is_err() {
+            return;
         }
     }
-}
-
-/// Decodes an event log record (op ‖ borsh(Event)).
-fn event_frame(scope: &Hash, seq: u64, v: &[u8]) -> Option<EventFrame> {
-    if v.len() < 32 {
-        return None;
-    }
-    let op: Hash = v[..32].try_into().ok()?;
-    let mut r = crate::protocol::codec::Reader::new(&v[32..]);
-    let kind = r.string(u32::MAX).ok()?;
-    let data = r.bytes(u32::MAX).ok()?;
-    Some(EventFrame { scope: *scope, seq, op, kind, data })
 }

@@ -268,6 +268,11 @@ pub struct PipelineState {
     pub durable_commits: AtomicU64,
     /// The same, for those who wait on it (the answers of the node's API).
     pub durable: tokio::sync::watch::Sender<u64>,
+    /// The replica of the governance index the authorizer judges with: every
+    /// accepted governance op, inserted by the orderer before its commit is
+    /// durable, so `G` at any durable status's heads can be computed from
+    /// it (`Governance::state_at_shared`, under the read lock).
+    pub governance: Arc<RwLock<Governance>>,
 }
 
 pub struct Pipeline {
@@ -314,6 +319,7 @@ impl Pipeline {
             divergences_heartbeat: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
             durable: tokio::sync::watch::Sender::new(0),
+            governance: gov_replica.clone(),
         });
         {
             let mut st = shared.status.write().unwrap();

@@ -25,6 +25,8 @@ pub struct NodeProc {
     pub admin: SocketAddr,
     pub data_dir: PathBuf,
     pub args: Vec<String>,
+    /// The node's first line of output (its identity and addresses).
+    pub first_line: serde_json::Value,
 }
 
 impl NodeProc {
@@ -46,7 +48,7 @@ impl NodeProc {
             admin.to_string(),
         ];
         args.extend(extra.iter().cloned());
-        let mut n = NodeProc { child: spawn(&args), listen, admin, data_dir: data_dir.to_path_buf(), args };
+        let mut n = NodeProc { child: spawn(&args), listen, admin, data_dir: data_dir.to_path_buf(), args, first_line: serde_json::Value::Null };
         n.wait_ready();
         n
     }
@@ -57,6 +59,7 @@ impl NodeProc {
         BufReader::new(stdout).read_line(&mut line).unwrap();
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("node said {line:?}"));
         assert_eq!(v["listen"].as_str().unwrap(), self.listen.to_string());
+        self.first_line = v;
         wait_until(Duration::from_secs(20), || self.get("/v1/identity").is_some_and(|(c, _)| c == 200));
     }
 
