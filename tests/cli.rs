@@ -311,3 +311,34 @@ fn the_client_commands_write_read_and_manage_members() {
     assert!(!out.status.success() && out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown_scope"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A scope made through the API, with a member added and a key rotated:
+/// its export carries the deliveries the node made, and the member's node
+/// imports it whole, reaching the same status.
+#[test]
+fn an_api_made_scope_exports_with_its_deliveries_into_the_members_node() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (b_key, b_kem) = identity(b.path());
+    let mut node = start_node(a.path());
+    let run = |args: &[&str]| -> serde_json::Value { dagfold_json(&[args, &api_flags(a.path())[..]].concat()) };
+    let scope = run(&["scope", "create", "shared"])["scope"].as_str().unwrap().to_owned();
+    run(&["member", "add", &scope, "--public-key", &hex::encode(b_key), "--kem-public-key", &hex::encode(b_kem), "--role", "writer"]);
+    for i in 0..20 {
+        run(&["put", &scope, "notes", &format!("k{i}"), "v", "--event", "put=v"]);
+        if i == 10 {
+            run(&["key", "rotate", &scope]);
+        }
+    }
+    node.stop();
+
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let summary = dagfold_json(&["export", "--data-dir", path(a.path()), "--scope", &scope, "--out", path(out.path())]);
+    assert!(summary["deliveries"].as_u64().unwrap() >= 2, "the first key and the rotated one to B: {summary}");
+    let imported = dagfold_json(&["import", "--data-dir", path(b.path()), path(out.path())]);
+    assert_eq!(imported["applied"], summary["ops"], "{imported}");
+    assert!(imported["keys_accepted"].as_u64().unwrap() >= 2, "{imported}");
+    let status_a = dagfold_json(&["inspect", "--data-dir", path(a.path()), "--scope", &scope]);
+    let status_b = dagfold_json(&["inspect", "--data-dir", path(b.path()), "--scope", &scope]);
+    assert_eq!(status_a, status_b);
+    assert_eq!(status_a["applied"].as_u64(), Some(1 + 1 + 20 + 1), "genesis, member, puts, rotation: {status_a}");
+}
