@@ -39,6 +39,7 @@ enum Command {
     /// Apply frames (u32 LE length, then borsh(Message)) from FILE, or "-"
     /// for stdin, through the engine; print a JSON summary of the verdicts.
     Import {
+        /// The node's data directory (RocksDB), not in use by a node.
         #[arg(long, default_value = DATA_DIR_DEFAULT)]
         data_dir: PathBuf,
         /// The frames file, or "-" for standard input.
@@ -75,6 +76,7 @@ enum Command {
         /// The scope id, 64 hex characters.
         #[arg(long)]
         scope: String,
+        /// The first event's sequence number (1: the whole history).
         #[arg(long, default_value_t = 1)]
         from: u64,
         /// Exit after this many events.
@@ -87,6 +89,7 @@ enum Command {
     /// Print the status object of one scope (SPEC §11), or of every scope
     /// with an applied genesis as a JSON array.
     Inspect {
+        /// The node's data directory (RocksDB), not in use by a node.
         #[arg(long, default_value = DATA_DIR_DEFAULT)]
         data_dir: PathBuf,
         /// The scope id, 64 hex characters.
@@ -100,6 +103,7 @@ enum Command {
     /// summary (JSON) goes to standard output with --out, else to standard
     /// error.
     Export {
+        /// The node's data directory (RocksDB), not in use by a node.
         #[arg(long, default_value = DATA_DIR_DEFAULT)]
         data_dir: PathBuf,
         /// The scope id, 64 hex characters.
