@@ -615,6 +615,47 @@ mod tests {
         assert_eq!(Action::add("e", "k", -2).to_json(), json!({"add": {"entity": "e", "key_hex": "6b", "amount": -2}}));
     }
 
+    /// A server that answers each connection with the next of `bodies` as
+    /// an event stream, then closes it; hands over each request's head.
+    fn sse_server(bodies: Vec<String>) -> (String, std::sync::mpsc::Receiver<String>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for body in bodies {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut head = String::new();
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                while reader.read_line(&mut head).unwrap() > 2 && !head.ends_with("\r\n\r\n") {}
+                tx.send(head).unwrap();
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{body}");
+                std::io::Write::write_all(&mut conn, answer.as_bytes()).unwrap();
+            }
+        });
+        (addr, rx)
+    }
+
+    fn sse(seq: u64) -> String {
+        format!("id: {seq}\nevent: k\ndata: {{\"seq\":{seq},\"op\":\"00\",\"kind\":\"k\",\"data_hex\":\"\"}}\n\n")
+    }
+
+    #[test]
+    fn events_resume_after_the_last_one_without_repeating_or_skipping() {
+        let first = format!("{}{}", sse(1), sse(2));
+        // The server repeats event 2; then skips event 5.
+        let second = format!(": hi\n\n{}{}{}", sse(2), sse(3), sse(5));
+        let (addr, heads) = sse_server(vec![first, second]);
+        let client = Client::new(&addr, "t");
+        let mut events = client.events("s", 1);
+        let seqs: Vec<u64> = events.by_ref().take(3).map(|e| e.unwrap().seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3]);
+        assert!(matches!(events.next(), Some(Err(Error::OutOfOrder { last: 3, got: 5 }))));
+        assert!(events.next().is_none(), "the stream stops after a gap");
+        let (h1, h2) = (heads.recv().unwrap(), heads.recv().unwrap());
+        assert!(h1.starts_with("GET /v1/scopes/s/events?from=1 ") && h1.contains("Bearer t"), "{h1}");
+        assert!(h2.to_ascii_lowercase().contains("last-event-id: 2\r\n"), "{h2}");
+    }
+
     #[test]
     fn a_base_without_scheme_is_http() {
         assert_eq!(Client::new("127.0.0.1:7401", "t").base(), "http://127.0.0.1:7401");
