@@ -59,20 +59,9 @@ fn an_export_imports_in_one_pass_into_another_node_with_the_same_status() {
     assert!(applied > 600, "{summary}");
     // Deliveries of both keys to B, as if A had made them (the API's member
     // add does), and one for another scope, which the export leaves out.
-    let mut deliveries: Vec<_> =
-        wl.keys.iter().enumerate().map(|(i, k)| seal_key_delivery(wl.scope, k, b_key, &b_kem, &[i as u8 + 1; 32])).collect();
+    let mut deliveries = deliveries_to(&wl, b_key, &b_kem);
     deliveries.push(seal_key_delivery([7; 32], &wl.keys[0], b_key, &b_kem, &[9; 32]));
-    {
-        let mut store = RocksStore::open(a.path()).unwrap();
-        let writes: Vec<Write> = deliveries
-            .iter()
-            .map(|kd| {
-                let key = [dagfold::core::META_DELIVERY_PREFIX, &kd.recipient[..], &kd.scope[..], &kd.key_id[..]].concat();
-                Write::Put(Cf::Meta, key, encode(kd))
-            })
-            .collect();
-        store.write(&writes, true).unwrap();
-    }
+    store_deliveries(a.path(), &deliveries);
 
     let scope = hex::encode(wl.scope);
     let out = tempfile::NamedTempFile::new().unwrap();
@@ -107,6 +96,62 @@ fn an_export_imports_in_one_pass_into_another_node_with_the_same_status() {
     let out = dagfold(&["export", "--data-dir", path(a.path()), "--scope", "xyz"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("64 hex"));
+}
+
+/// Only applied ops are exported: not those pending behind an op left out
+/// of A's input, nor a removed writer's, dropped; B then holds what A
+/// applied, nothing waiting.
+#[test]
+fn an_export_holds_only_the_applied_ops() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a_key, a_kem) = identity(a.path());
+    let (b_key, b_kem) = identity(b.path());
+    let cfg = WorkloadConfig { seed: 5, data_ops: 300, remove_writer_at: Some(150), ..WorkloadConfig::default() };
+    let wl = generate(&cfg, a_key, a_kem);
+    let left_out = wl.messages.iter().enumerate().filter(|(_, m)| m.is_data).nth(200).unwrap().0;
+    let frames: Vec<&[u8]> = wl.messages.iter().enumerate().filter(|(i, _)| *i != left_out).map(|(_, m)| m.frame.as_slice()).collect();
+    let imported = dagfold_json(&["import", "--data-dir", path(a.path()), path(frames_file(&frames).path())]);
+    assert!(dropped(&imported) > 0, "the removed writer's later ops: {imported}");
+    store_deliveries(a.path(), &deliveries_to(&wl, b_key, &b_kem));
+    let scope = hex::encode(wl.scope);
+    let status_a = dagfold_json(&["inspect", "--data-dir", path(a.path()), "--scope", &scope]);
+    assert!(status_a["pending"].as_u64().unwrap() > 0, "{status_a}");
+
+    let out = tempfile::NamedTempFile::new().unwrap();
+    let summary = dagfold_json(&["export", "--data-dir", path(a.path()), "--scope", &scope, "--out", path(out.path())]);
+    assert_eq!(summary["ops"], status_a["applied"], "{summary}");
+    let imported = dagfold_json(&["import", "--data-dir", path(b.path()), path(out.path())]);
+    assert_eq!(dropped(&imported), 0, "{imported}");
+    let status_b = dagfold_json(&["inspect", "--data-dir", path(b.path()), "--scope", &scope]);
+    for field in ["root", "data_heads", "governance_heads", "applied"] {
+        assert_eq!(status_a[field], status_b[field], "{field}");
+    }
+    assert_eq!(status_b["pending"].as_u64(), Some(0), "{status_b}");
+}
+
+/// The ops an import dropped, for any reason.
+fn dropped(import_summary: &serde_json::Value) -> u64 {
+    import_summary["dropped"].as_object().unwrap().values().filter_map(|v| v.as_u64()).sum()
+}
+
+/// Every key of `wl`, sealed to `recipient`.
+fn deliveries_to(wl: &dagfold::workload::Workload, recipient: Hash, kem: &[u8; 32]) -> Vec<dagfold::protocol::KeyDelivery> {
+    wl.keys.iter().enumerate().map(|(i, k)| seal_key_delivery(wl.scope, k, recipient, kem, &[i as u8 + 1; 32])).collect()
+}
+
+/// Keeps `deliveries` in the store of `data_dir` as deliveries its node
+/// made (`Cf::Meta`, `delivery/` ‖ recipient ‖ scope ‖ key_id), as the
+/// API's member add and key rotation do.
+fn store_deliveries(data_dir: &Path, deliveries: &[dagfold::protocol::KeyDelivery]) {
+    let mut store = RocksStore::open(data_dir).unwrap();
+    let writes: Vec<Write> = deliveries
+        .iter()
+        .map(|kd| {
+            let key = [dagfold::core::META_DELIVERY_PREFIX, &kd.recipient[..], &kd.scope[..], &kd.key_id[..]].concat();
+            Write::Put(Cf::Meta, key, encode(kd))
+        })
+        .collect();
+    store.write(&writes, true).unwrap();
 }
 
 /// A frames file as `dagfold import`: `u32` LE length, then the frame.
