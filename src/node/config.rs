@@ -27,8 +27,9 @@ pub const DATA_DIR_DEFAULT: &str = "./dagfold-data";
 /// QUIC default (`ServerConfig::default().listen`, port 7400).
 pub const ADMIN_DEFAULT: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 7401));
 
-/// The API token's file in the data directory unless told otherwise.
-pub const API_TOKEN_FILE_DEFAULT: &str = "api-token";
+/// The API token's file in the data directory unless told otherwise (where
+/// the client looks for it).
+pub const API_TOKEN_FILE_DEFAULT: &str = crate::client::API_TOKEN_FILE;
 
 /// Interval of the heads heartbeat to peers unless told otherwise.
 pub const HEARTBEAT_MS_DEFAULT: u64 = 1_000;
