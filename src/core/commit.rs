@@ -34,6 +34,9 @@ pub struct Commit {
     pub gov_applied: Vec<(Hash, GovNode)>,
     /// Group keys accepted.
     pub keys_added: Vec<[u8; 32]>,
+    /// Key deliveries this node made to others, kept by this commit, to be
+    /// gossiped once it is durable.
+    pub delivered: Vec<crate::protocol::KeyDelivery>,
     /// This commit's number (consecutive from 0 per engine): the driver
     /// reports it back through `Engine::note_durable` once it is written.
     pub number: u64,

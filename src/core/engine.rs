@@ -27,7 +27,7 @@ use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
 use super::prejudge::{authorize, PreAuth, Prepared, VerifiedOp};
 use super::projector::Projector;
-use super::tables::{seq_and_bytes, Cf, ScopeRecord, Write, META_FOLLOW_PREFIX};
+use super::tables::{delivery_meta_key, seq_and_bytes, Cf, ScopeRecord, Write, META_FOLLOW_PREFIX};
 use super::types::{BufKind, Config, GenesisPolicy, Identity, Outcome, Reason, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
@@ -351,6 +351,24 @@ impl Engine {
             key.extend_from_slice(&scope);
             self.out.writes.push(Write::Put(Cf::Meta, key, Vec::new()));
         }
+    }
+
+    /// A key delivery this node made (API.md): judged as any delivery (one
+    /// to the node itself adds its key), and kept in `Cf::Meta` under its
+    /// recipient, to be served to it again, and gossiped once durable.
+    pub fn handle_own_delivery(&mut self, kd: &KeyDelivery, now_ms: u64) -> Outcome {
+        let outcome = self.handle_key(kd, now_ms);
+        self.out.writes.push(Write::Put(Cf::Meta, delivery_meta_key(kd), encode(kd)));
+        if kd.recipient != self.identity.public_key {
+            self.out.delivered.push(kd.clone());
+        }
+        outcome
+    }
+
+    /// The number of the commit being built: what is handled now becomes
+    /// durable with it.
+    pub fn commit_number(&self) -> u64 {
+        self.commit_number
     }
 
     /// Whether the genesis of `scope` is accepted whoever authored it.

@@ -9,6 +9,7 @@ pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 mod buffers;
 pub mod cold;
 pub mod commit;
+pub mod draft;
 pub mod engine;
 pub mod governance;
 pub mod prejudge;
@@ -22,11 +23,12 @@ pub mod types;
 
 pub use cold::ColdOps;
 pub use commit::{Check, Commit, EventOut, Fold};
+pub use draft::{Draft, DraftRefused};
 pub use engine::Engine;
 pub use prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 pub use projector::{Projector, ProjectorStats};
 pub use restore::TableScan;
-pub use tables::{Cf, ScopeRecord, Write, META_FOLLOW_PREFIX, META_IDENTITY, META_SCOPE_PREFIX};
+pub use tables::{Cf, ScopeRecord, Write, META_DELIVERY_PREFIX, META_FOLLOW_PREFIX, META_IDENTITY, META_SCOPE_PREFIX};
 pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};
 /// Frame decoding lives in `protocol`; re-exported here for the drivers.
 pub use crate::protocol::codec::{decode_frame, Decoded};

@@ -14,7 +14,7 @@
 use super::commit::{Check, Commit, Fold};
 use super::projection::Projection;
 use super::tables::{item_index_writes, scope_meta_key, Cf, Write};
-use crate::protocol::{encode, Hash, ZERO};
+use crate::protocol::{encode, Action, Hash, PublicKey, ZERO};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProjectorStats {
@@ -111,6 +111,18 @@ impl Projector {
         self.scopes.get_mut(scope).map_or(ZERO, |p| p.projection.root())
     }
 
+    /// The scope root after one more data op by `author` at `hlc` with
+    /// these actions, without folding it (`Projection::root_after`): the
+    /// `root_hash` an op authored here carries (§8). A scope not projected
+    /// yet has no cells, so it is the root of the op's cells alone.
+    pub fn root_after(&mut self, scope: &Hash, hlc: u64, author: &PublicKey, actions: &[Action]) -> Hash {
+        self.settle();
+        match self.scopes.get_mut(scope) {
+            Some(p) => p.projection.root_after(hlc, author, actions),
+            None => Projection::default().root_after(hlc, author, actions),
+        }
+    }
+
     /// Divergences found in a scope since it was created.
     pub fn divergences(&mut self, scope: &Hash) -> u64 {
         self.settle();
@@ -162,5 +174,34 @@ impl Projector {
         }
         touched.clear();
         self.touched = touched;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `root_after` of a projected scope and of one not projected yet, with
+    /// a check outstanding, against the root after the fold.
+    #[test]
+    fn root_after_equals_the_root_after_the_fold() {
+        let scope = [7u8; 32];
+        let put = |k: u8| Action::Put { entity: "e".into(), key: vec![k], value: vec![k] };
+        let fold = |hlc, actions: Vec<Action>, check| Fold { scope, hlc, author: [1; 32], actions, check };
+        let mut p = Projector::default();
+        let mut alone = Projection::default();
+        alone.apply(1, &[1; 32], &[put(0), put(1)]);
+        assert_eq!(p.root_after(&scope, 1, &[1; 32], &[put(0), put(1)]), alone.root());
+        assert_eq!(p.root(&scope), ZERO);
+        assert_eq!(p.cells(&scope), 0);
+        p.fold(fold(1, vec![put(0), put(1)], None));
+        let want = alone.root();
+        p.fold(fold(2, vec![], Some(Check { op: [0; 32], root: want })));
+        let after = p.root_after(&scope, 3, &[1; 32], &[put(1), put(2)]);
+        assert_eq!(p.stats.root_checks, 1, "the outstanding check made first");
+        assert_eq!(p.stats.divergences, 0);
+        assert_eq!(p.root(&scope), want);
+        p.fold(fold(3, vec![put(1), put(2)], None));
+        assert_eq!(p.root(&scope), after);
     }
 }

@@ -189,6 +189,11 @@ impl Engine {
         self.buffers.oldest_since_ms()
     }
 
+    /// The last event sequence number handed out in a scope (0: none).
+    pub fn event_seq(&self, scope: &Hash) -> u64 {
+        self.scope_index.get(scope).map_or(0, |&i| self.scopes[i as usize].event_seq)
+    }
+
     /// Per-scope event sequence numbers (the last one handed out).
     pub fn event_seqs(&self) -> Vec<(Hash, u64)> {
         self.scopes.iter().map(|s| (s.id, s.event_seq)).collect()

@@ -38,6 +38,18 @@
 //! resolved from the deeper bits first, and then every version of every
 //! branch of one bit is independent of the others, so they too go four at
 //! a time through SHA-NI, the root's versions included (`settle_marks`).
+//!
+//! The root the tree *would* have with a few leaves changed or added (an
+//! author's own op, §8: its payload carries the root with the op folded) is
+//! `root_with`, which changes nothing: after `root()` every cached hash is
+//! clean, and it recurses over the trie with the changes sorted by path,
+//! taking a subtree with no change below it as its cached hash and
+//! rehashing only the branches on the changes' paths, O(changes × depth)
+//! hashes. Where a change leaves a branch's common prefix above the
+//! branch's bit, the what-if has a split the tree has not: that branch is
+//! seen from a new depth, its hash rebuilt from its (clean) children and
+//! wrapped down to it, as `insert` does. The recursion goes a bit deeper
+//! each call, so it is at most 257 calls deep.
 
 use crate::protocol::crypto::sha256_tag_pair;
 use crate::protocol::sha_lanes::sha256_tag_pairs;
@@ -162,6 +174,8 @@ struct Scratch {
     latest: Vec<u32>,
     /// Per checkpoint: the root's version's hash, if it has one.
     roots: Vec<Option<Hash>>,
+    /// `root_with`'s changes, sorted by path, each path once.
+    changes: Vec<(Hash, Hash)>,
 }
 
 #[derive(Clone)]
@@ -207,6 +221,24 @@ fn first_diff_bit(a: &Hash, b: &Hash) -> u16 {
         }
     }
     unreachable!("first_diff_bit of equal paths")
+}
+
+/// Leading bits two paths share: 256 when they are equal.
+fn common_bits(a: &Hash, b: &Hash) -> u16 {
+    if a == b {
+        256
+    } else {
+        first_diff_bit(a, b)
+    }
+}
+
+/// Wraps a hash seen from depth `from` up to depth `until`: once a level,
+/// on the side `path` takes there (all paths below share those bits).
+fn wrap(mut h: Hash, path: &Hash, from: u16, until: u16) -> Hash {
+    for level in (until..from).rev() {
+        h = if bit_of(path, level) == 0 { sha256_tag_pair(1, &h, &ZERO) } else { sha256_tag_pair(1, &ZERO, &h) };
+    }
+    h
 }
 
 fn link(branch: u32, side: usize) -> u32 {
@@ -422,6 +454,99 @@ impl Smt {
         self.root_hash
     }
 
+    /// The root the tree would have with each `(path, leaf_hash)` of
+    /// `changes` set: the leaf at `path` replaced, or a new leaf added where
+    /// there is none. The tree is left as it was (only its queue applied and
+    /// its hashes refreshed, as by `root()`). The changes may come in any
+    /// order; of several of one path, the last wins.
+    pub fn root_with(&mut self, changes: &[(Hash, Hash)]) -> Hash {
+        let root = self.root();
+        if changes.is_empty() {
+            return root;
+        }
+        debug_assert!(self.pending.is_empty() && self.dirty.is_empty() && self.marks.is_empty(), "clean after root()");
+        let mut sorted = std::mem::take(&mut self.scratch.changes);
+        sorted.clear();
+        sorted.extend_from_slice(changes);
+        // Stable, so a path's changes stay in order and the last is kept.
+        sorted.sort_by_key(|c| c.0);
+        sorted.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 = later.1;
+            }
+            same
+        });
+        let h = self.merged_hash(self.root, 0, &sorted);
+        self.scratch.changes = sorted;
+        h
+    }
+
+    /// The hash seen from depth `d` of the leaves under `r` (NONE: none)
+    /// with `changes` (sorted, distinct paths) set among them; every path
+    /// of both shares its first `d` bits. Reads only clean hashes.
+    fn merged_hash(&self, r: u32, d: u16, changes: &[(Hash, Hash)]) -> Hash {
+        let (Some(first), Some(last)) = (changes.first(), changes.last()) else {
+            return self.hash_from(r, d);
+        };
+        // A path under `r`, and the bit where its paths differ (256: one).
+        let (path, bit) = if r == NONE {
+            (first.0, 256)
+        } else if r & LEAF != 0 {
+            (self.paths[(r & !LEAF) as usize], 256)
+        } else {
+            (self.paths[self.below[r as usize] as usize], self.topo[r as usize].bit)
+        };
+        // The first bit where the merged set differs: a sorted run's
+        // common prefix with a path is the shorter of its ends'.
+        let split = bit.min(common_bits(&first.0, &last.0)).min(common_bits(&path, &first.0)).min(common_bits(&path, &last.0));
+        if split == 256 {
+            // One path: the change, replacing the leaf if `r` is one.
+            return first.1;
+        }
+        let at = changes.partition_point(|(p, _)| bit_of(p, split) == 0);
+        let halves = [&changes[..at], &changes[at..]];
+        let mut kids = [ZERO; 2];
+        if split == bit {
+            // A side with no change is the hash the branch holds for it (not
+            // the child's own lines: one load fewer a level).
+            let children = self.topo[r as usize].children;
+            for side in 0..2 {
+                kids[side] = if halves[side].is_empty() {
+                    self.kids[r as usize].0[side]
+                } else {
+                    self.merged_hash(children[side], split + 1, halves[side])
+                };
+            }
+        } else {
+            // A split the tree does not have: `r` whole on its side, only
+            // changes on the other.
+            let side = bit_of(&path, split);
+            kids[side] = self.merged_hash(r, split + 1, halves[side]);
+            kids[1 - side] = self.merged_hash(NONE, split + 1, halves[1 - side]);
+        }
+        wrap(sha256_tag_pair(1, &kids[0], &kids[1]), &path, split, d)
+    }
+
+    /// The clean hash of `r` (NONE: none) seen from depth `d`, at most its
+    /// bit: held by its parent when `d` is where the parent sees it from,
+    /// else rebuilt from its children's.
+    fn hash_from(&self, r: u32, d: u16) -> Hash {
+        if r == NONE {
+            return ZERO;
+        }
+        if r & LEAF != 0 {
+            return self.slot(self.leaf_parent[(r & !LEAF) as usize]);
+        }
+        let t = self.topo[r as usize];
+        debug_assert!(t.seen as u16 <= d && d <= t.bit, "a branch is seen from between its parent and its bit");
+        if d == t.seen as u16 {
+            return self.slot(t.parent);
+        }
+        let k = &self.kids[r as usize].0;
+        wrap(sha256_tag_pair(1, &k[0], &k[1]), &self.paths[self.below[r as usize] as usize], t.bit, d)
+    }
+
     /// The dirty branches, by bit from the deepest, each bit's hashes
     /// together; a bit with one dirty branch (every bit, after one change)
     /// hashes it alone.
@@ -464,10 +589,7 @@ impl Smt {
                 let k = &self.kids[*b as usize].0;
                 let mut h = sha256_tag_pair(1, &k[0], &k[1]);
                 if (t.seen as u16) < t.bit {
-                    let path = &self.paths[self.below[*b as usize] as usize];
-                    for level in (t.seen as u16..t.bit).rev() {
-                        h = if bit_of(path, level) == 0 { sha256_tag_pair(1, &h, &ZERO) } else { sha256_tag_pair(1, &ZERO, &h) };
-                    }
+                    h = wrap(h, &self.paths[self.below[*b as usize] as usize], t.bit, t.seen as u16);
                 }
                 self.topo[*b as usize].dirty = false;
                 self.store(t.parent, h);
@@ -1002,6 +1124,133 @@ mod tests {
         let mut got = Vec::new();
         smt.take_checkpoint_roots(&mut got);
         assert_eq!(got, vec![ZERO, sha256(b"v1"), sha256(b"v2"), sha256(b"v2")]);
+    }
+
+    /// `root_with` against the reference root of the merged set, over
+    /// random trees (of 0, 1, 2, a few, hundreds and thousands of leaves)
+    /// and random change sets (empty; updates; new paths; new paths one bit
+    /// from an existing one, or sharing a long prefix with it; a path twice,
+    /// the last winning; mixes). Paths come fully random, differing only in
+    /// the last byte or the last bits, or under a short shared prefix, so
+    /// new splits fall above, below and at existing branches' bits. After
+    /// each, the tree's own root is unchanged; between rounds of change sets
+    /// some of them are made for real (with updates left queued and a
+    /// checkpoint outstanding when `root_with` is next asked), and the tree
+    /// still gives the reference roots.
+    #[test]
+    fn root_with_equals_the_reference_of_the_merged_set() {
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(0xD1B5_4A32_D192_ED03u64);
+        let mut next = move || rand::RngCore::next_u64(&mut rng);
+        fn random_path(next: &mut impl FnMut() -> u64) -> Hash {
+            let mut p = [0u8; 32];
+            for chunk in p.chunks_mut(8) {
+                chunk.copy_from_slice(&next().to_le_bytes());
+            }
+            p
+        }
+        // A path near `base`: random, the same but for the last byte or the
+        // last two, under a four-byte prefix, or one bit of it flipped.
+        fn path_near(base: &Hash, next: &mut impl FnMut() -> u64) -> Hash {
+            let mut p = random_path(next);
+            match next() % 6 {
+                0 => {}
+                1 => p[..31].copy_from_slice(&base[..31]),
+                2 => p[..30].copy_from_slice(&base[..30]),
+                3 => p[..4].copy_from_slice(&base[..4]),
+                _ => {
+                    p = *base;
+                    let bit = if next() % 2 == 0 { 248 + next() % 8 } else { next() % 256 };
+                    p[(bit / 8) as usize] ^= 0x80 >> (bit % 8);
+                }
+            }
+            p
+        }
+        let mut checked = 0u32;
+        for (round, &size) in [0usize, 1, 2, 3, 5, 9, 40, 300, 3000, 0, 1, 2, 17, 1000].iter().enumerate() {
+            let base = random_path(&mut next);
+            let mut smt = Smt::new();
+            let mut cells: Vec<(Hash, Hash)> = Vec::new();
+            let mut ids: Vec<LeafId> = Vec::new();
+            let mut at: std::collections::HashMap<Hash, usize> = std::collections::HashMap::new();
+            while cells.len() < size {
+                let anchor = if cells.is_empty() || next() % 2 == 0 { base } else { cells[(next() % cells.len() as u64) as usize].0 };
+                let path = path_near(&anchor, &mut next);
+                if at.contains_key(&path) {
+                    continue;
+                }
+                let leaf = random_path(&mut next);
+                at.insert(path, cells.len());
+                ids.push(smt.insert(path, leaf));
+                cells.push((path, leaf));
+            }
+            for stage in 0..4 {
+                let before = smt.root();
+                assert_eq!(before, reference_root(&mut cells.clone()), "round {round} stage {stage}");
+                for set in 0..24 {
+                    let n = [0u64, 1, 1, 2, 3, 5, 12, 40][(next() % 8) as usize];
+                    let mut changes: Vec<(Hash, Hash)> = Vec::new();
+                    for _ in 0..n {
+                        let path = match next() % 4 {
+                            0 if !cells.is_empty() => cells[(next() % cells.len() as u64) as usize].0,
+                            1 if !changes.is_empty() => changes[(next() % changes.len() as u64) as usize].0,
+                            2 if !cells.is_empty() => path_near(&cells[(next() % cells.len() as u64) as usize].0, &mut next),
+                            _ => path_near(&base, &mut next),
+                        };
+                        changes.push((path, random_path(&mut next)));
+                    }
+                    let mut merged = cells.clone();
+                    for &(path, leaf) in &changes {
+                        match merged.iter().position(|(p, _)| *p == path) {
+                            Some(i) => merged[i].1 = leaf,
+                            None => merged.push((path, leaf)),
+                        }
+                    }
+                    let want = reference_root(&mut merged);
+                    assert_eq!(smt.root_with(&changes), want, "round {round} stage {stage} set {set}: {changes:?}");
+                    assert_eq!(smt.root(), before, "round {round} stage {stage} set {set}: the tree is unchanged");
+                    assert_eq!(smt.len(), cells.len() as u64);
+                    checked += 1;
+                }
+                // Some changes for real: updates and inserts, some of the
+                // updates left queued for the next `root_with`, behind a
+                // checkpoint.
+                let mut checkpoint = None;
+                for k in 0..(1 + next() % 20) {
+                    let path = if !cells.is_empty() && next() % 2 == 0 {
+                        cells[(next() % cells.len() as u64) as usize].0
+                    } else {
+                        path_near(&base, &mut next)
+                    };
+                    let leaf = random_path(&mut next);
+                    match at.get(&path) {
+                        Some(&i) => {
+                            smt.update(ids[i], leaf);
+                            cells[i].1 = leaf;
+                        }
+                        None => {
+                            at.insert(path, cells.len());
+                            ids.push(smt.insert(path, leaf));
+                            cells.push((path, leaf));
+                        }
+                    }
+                    if k == 2 {
+                        smt.checkpoint();
+                        checkpoint = Some(reference_root(&mut cells.clone()));
+                    }
+                }
+                let extra = (path_near(&base, &mut next), random_path(&mut next));
+                let mut merged = cells.clone();
+                match merged.iter().position(|(p, _)| *p == extra.0) {
+                    Some(i) => merged[i].1 = extra.1,
+                    None => merged.push(extra),
+                }
+                assert_eq!(smt.root_with(&[extra]), reference_root(&mut merged), "round {round} stage {stage}: with a queue");
+                let mut got = Vec::new();
+                smt.take_checkpoint_roots(&mut got);
+                assert_eq!(got, checkpoint.into_iter().collect::<Vec<_>>(), "round {round} stage {stage}: checkpoint");
+            }
+        }
+        assert!(checked > 1000);
     }
 
     #[test]

@@ -99,6 +99,15 @@ pub const META_SCOPE_PREFIX: &[u8] = b"scope/";
 /// genesis is accepted whoever authored it (`Engine::follow`).
 pub const META_FOLLOW_PREFIX: &[u8] = b"follow/";
 
+/// A key delivery this node made, in `Cf::Meta` (key `delivery/` ‖
+/// recipient ‖ scope ‖ key_id, value borsh(KeyDelivery)): served again to
+/// its recipient (`docs/PROTOCOL.md`, "Key deliveries") and exported.
+pub const META_DELIVERY_PREFIX: &[u8] = b"delivery/";
+
+pub(crate) fn delivery_meta_key(kd: &crate::protocol::KeyDelivery) -> Vec<u8> {
+    [META_DELIVERY_PREFIX, &kd.recipient[..], &kd.scope[..], &kd.key_id[..]].concat()
+}
+
 /// The key of a scope's record in `Cf::Meta`: `scope/` ‖ id.
 pub(crate) fn scope_meta_key(scope: &Hash) -> Vec<u8> {
     [META_SCOPE_PREFIX, scope.as_slice()].concat()

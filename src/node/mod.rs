@@ -5,6 +5,7 @@
 //! HTTP API, peers, subscriptions, sync) and the pipeline's worker threads for
 //! everything that decides or writes state.
 
+pub mod author;
 pub mod config;
 pub mod feed;
 pub mod hub;
@@ -77,6 +78,8 @@ pub struct NodeShared {
     pub peer_keys: std::collections::HashSet<crate::protocol::PublicKey>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
     pub ingest: mpsc::Sender<Work>,
+    /// The node's own writes (the API), through `ingest`.
+    pub author: Arc<author::Author>,
     pub cfg: NodeConfig,
 }
 
@@ -141,8 +144,16 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
             if bytes.is_empty() {
                 continue; // no peers: nothing to gossip
             }
-            if gossip_tx.try_send(peers::Gossip { bytes, origin, scope }).is_err() {
+            if gossip_tx.try_send(peers::Gossip { tag: crate::protocol::MESSAGE_OP, bytes, origin, scope }).is_err() {
                 // Peers catch up through heartbeat and sync.
+                metrics::counter!("dagfold_gossip_dropped_total").increment(1);
+            }
+        }
+        // Key deliveries this node made reach its peers by gossip, and a
+        // recipient that missed them asks again (`KeysRequest`).
+        for kd in d.delivered {
+            let g = peers::Gossip { tag: crate::protocol::MESSAGE_KEY, bytes: crate::protocol::encode(&kd), origin: 0, scope: kd.scope };
+            if gossip_tx.try_send(g).is_err() {
                 metrics::counter!("dagfold_gossip_dropped_total").increment(1);
             }
         }
@@ -162,6 +173,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         peers: cfg.peers.clone(),
         peer_keys,
         metrics,
+        author: Arc::new(author::Author::new(identity.clone(), ingest_tx.clone(), pipe.shared.clone())),
         ingest: ingest_tx,
         cfg: cfg.clone(),
     });

@@ -33,6 +33,10 @@ pub const REDIAL_MS_MIN: u64 = 100;
 pub const REDIAL_MS_MAX: u64 = 5_000;
 /// Heads-we-lack notes kept at most (the oldest are dropped).
 pub const LACKING_NOTES_MAX: usize = 1024;
+/// While any op waits for a key, how often each peer is asked again for
+/// the deliveries it made to this node (`KeysRequest`); it is asked once on
+/// every connection too.
+pub const KEYS_ASK_INTERVAL_MS: u64 = 10_000;
 /// Heartbeat frames (of `HEARTBEAT_SCOPES_MAX` scopes each) sent to a peer
 /// per beat at most: the scopes it may see are sent in pages, each beat
 /// going on where the last stopped, so every scope is repaired however
@@ -40,6 +44,8 @@ pub const LACKING_NOTES_MAX: usize = 1024;
 pub const HEARTBEAT_PAGES_PER_BEAT_MAX: usize = 8;
 
 pub struct Gossip {
+    /// `Message::Op` or `Message::Key` (a key delivery this node made).
+    pub tag: u8,
     pub bytes: Vec<u8>,
     pub origin: u64,
     /// The op's scope: a peer is sent only the ops of scopes it may see.
@@ -63,7 +69,7 @@ pub async fn run_peers(
             continue;
         }
         let mut frame = Vec::with_capacity(g.bytes.len() + 1);
-        frame.push(crate::protocol::MESSAGE_OP);
+        frame.push(g.tag);
         frame.extend_from_slice(&g.bytes);
         for (i, q) in queues.iter().enumerate() {
             if g.origin == i as u64 + 1 {
@@ -156,6 +162,9 @@ async fn serve_link(
     let mut beat = tokio::time::interval(Duration::from_millis(shared.cfg.heartbeat_ms));
     let mut sync = tokio::time::interval(Duration::from_millis(SYNC_INTERVAL_MS));
     sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Fires at once: the first ask is on connection.
+    let mut keys = tokio::time::interval(Duration::from_millis(KEYS_ASK_INTERVAL_MS));
+    let mut asked = false;
     loop {
         tokio::select! {
             frame = queue.recv() => {
@@ -181,7 +190,49 @@ async fn serve_link(
                     }
                 }
             }
+            _ = keys.tick() => {
+                if !asked || waiting_for_keys(shared) {
+                    asked = true;
+                    let fut = ask_keys(link, shared);
+                    match tokio::time::timeout(Duration::from_millis(SYNC_TIMEOUT_MS), fut).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return Err(e),
+                        Err(_) => metrics::counter!("dagfold_sync_timeouts_total").increment(1),
+                    }
+                }
+            }
             _ = link.closed() => return Ok(()),
+        }
+    }
+}
+
+/// Whether any op of any scope waits for a key (SPEC §11's `key_waiting`,
+/// `data_key_waiting`).
+fn waiting_for_keys(shared: &NodeShared) -> bool {
+    shared.pipeline.status.read().unwrap().values().any(|s| s.key_waiting + s.data_key_waiting > 0)
+}
+
+/// Asks the peer for every key delivery it made to this node, page by page
+/// (`docs/PROTOCOL.md`, "Key deliveries"), into the pipeline: a delivery
+/// already held is ignored there.
+async fn ask_keys(link: &Link, shared: &Arc<NodeShared>) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let (mut after_scope, mut after_key_id) = (ZERO, ZERO);
+    loop {
+        let (mut w, mut r) = link.open_bi().await?;
+        w.write(&NodeMessage::KeysRequest(KeysRequest { after_scope, after_key_id }).encode()).await?;
+        let _ = w.finish();
+        let mut got = 0u32;
+        while let Some(frame) = r.read().await? {
+            let Ok(crate::core::Decoded::Key(kd)) = crate::core::decode_frame(&frame) else { break };
+            got += 1;
+            (after_scope, after_key_id) = (kd.scope, kd.key_id);
+            if shared.ingest.send(Work::Key { kd, host: None }).await.is_err() {
+                return Ok(());
+            }
+        }
+        metrics::counter!("dagfold_keys_received_on_request_total").increment(got as u64);
+        if got < KEYS_REPLY_MAX {
+            return Ok(());
         }
     }
 }
@@ -239,7 +290,7 @@ async fn sync_once(
                 received += 1;
                 // A reply to our own request: not weighed (it does not go
                 // through the server's ingest).
-                if shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host: None }).await.is_err() {
+                if shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host: None, authored: None }).await.is_err() {
                     break;
                 }
             }

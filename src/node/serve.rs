@@ -109,7 +109,7 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
             Incoming::Core(Decoded::Op { id, op, bytes }) => {
                 let origin = origin_of(shared, &inb.remote);
                 let host = Some(crate::net::fair::origin_of(inb.remote));
-                shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host }).await.map_err(|_| IngestClosed)?;
+                shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host, authored: None }).await.map_err(|_| IngestClosed)?;
             }
             Incoming::Core(Decoded::Key(kd)) => {
                 shared.ingest.send(Work::Key { kd, host: Some(crate::net::fair::origin_of(inb.remote)) }).await.map_err(|_| IngestClosed)?;
@@ -138,6 +138,11 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
             Incoming::Node(NodeMessage::Subscribe(sub)) => {
                 if let Some(reply) = inb.reply {
                     tokio::spawn(serve_subscription(shared.clone(), sub, inb.conn_id, inb.peer_key, reply));
+                }
+            }
+            Incoming::Node(NodeMessage::KeysRequest(req)) => {
+                if let Some(reply) = inb.reply {
+                    tokio::spawn(serve_keys(shared.clone(), req, inb.peer_key, reply));
                 }
             }
             Incoming::Node(_) => {
@@ -239,6 +244,33 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, conn_id: u64, pee
         }
     }
     metrics::counter!("dagfold_sync_ops_served_total").increment(sent as u64);
+    let _ = reply.send(NodeMessage::SyncDone(SyncDone { sent }).encode()).await;
+}
+
+/// The key deliveries this node made to the requester's proven key
+/// (API.md: a member offline at rotation time gets its key when it comes
+/// back). Only ever its own: a delivery names its recipient.
+async fn serve_keys(shared: Arc<NodeShared>, req: KeysRequest, peer_key: Option<PublicKey>, reply: Reply) {
+    let Some(key) = peer_key else { return refuse(&reply, "keys", "anonymous").await };
+    let prefix = [crate::core::META_DELIVERY_PREFIX, &key[..]].concat();
+    let after = if req.after_scope == crate::protocol::ZERO && req.after_key_id == crate::protocol::ZERO {
+        Vec::new()
+    } else {
+        [&prefix[..], &req.after_scope[..], &req.after_key_id[..]].concat()
+    };
+    let reader = shared.reader.clone();
+    let found = tokio::task::spawn_blocking(move || reader.scan_prefix(Cf::Meta, &prefix, &after, KEYS_REPLY_MAX as usize)).await;
+    let Ok(Ok(found)) = found else { return };
+    metrics::counter!("dagfold_keys_requests_served_total").increment(1);
+    let sent = found.len() as u32;
+    for (_, v) in found {
+        let mut frame = Vec::with_capacity(v.len() + 1);
+        frame.push(crate::protocol::MESSAGE_KEY);
+        frame.extend_from_slice(&v);
+        if reply.send(frame).await.is_err() {
+            return;
+        }
+    }
     let _ = reply.send(NodeMessage::SyncDone(SyncDone { sent }).encode()).await;
 }
 

@@ -45,6 +45,7 @@ pub(super) fn run<S: Store>(
         // Readable in the store from here (and durable, when syncing): the
         // orderer may now answer for its ops from the store.
         shared.durable_commits.store(commit.number + 1, Ordering::Release);
+        shared.durable.send_replace(commit.number + 1);
         histogram!("dagfold_commit_seconds").record(t.elapsed().as_secs_f64());
         histogram!("dagfold_commit_writes").record(commit.writes.len() as f64);
         histogram!("dagfold_commit_applied_ops").record(commit.applied.len() as f64);
@@ -82,6 +83,6 @@ pub(super) fn run<S: Store>(
             .zip(conns)
             .map(|((id, scope), conn)| (*id, *scope, bytes.get(id.as_slice()).map(|v| (*v).clone()).unwrap_or_default(), conn))
             .collect();
-        on_durable(Committed { events: commit.events, applied, members });
+        on_durable(Committed { events: commit.events, applied, members, delivered: commit.delivered });
     }
 }

@@ -32,6 +32,7 @@
 //! of the orderer's queue (`gate.rs`), the cache of signatures found valid
 //! (`verified.rs`) and the pipeline's metrics (`metrics.rs`).
 
+mod author;
 mod authorizer;
 mod batcher;
 mod committer;
@@ -70,15 +71,65 @@ pub enum Work {
     /// `conn`: the connection it came in on. `host`: the host it came from
     /// over the server (its IPv4 address or IPv6 /64, `net::fair::origin_of`),
     /// whose turn the node weighs by what its ops come to.
-    Op { id: Hash, op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr> },
+    /// `authored`: an op the node authored for its API (`node::author`),
+    /// judged like any other; its outcome goes back there.
+    Op { id: Hash, op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr>, authored: Option<AuthoredReply> },
     /// `host` as for an op: a delivery costs the orderer an X25519 and an
     /// AEAD pass over up to a frame, so it counts in its host's turn too.
     Key { kd: KeyDelivery, host: Option<std::net::IpAddr> },
+    /// A key delivery the node made (API.md): judged like any other (one to
+    /// the node itself adds the key), then kept in the store and gossiped,
+    /// to be served again to its recipient.
+    /// `reply`: the commit that keeps it.
+    Deliver { kd: KeyDelivery, reply: Option<tokio::sync::oneshot::Sender<u64>> },
+    /// A draft given back unused (`author.rs`).
+    Undraft { scope: Hash, plane: u8, reply: tokio::sync::oneshot::Sender<()> },
+    /// The node's API asks for the state to author an op on (`author.rs`).
+    Draft(DraftRequest),
+    /// Accept this scope's genesis whoever authored it (API.md, "Which
+    /// scopes a node holds"); answered with the commit that keeps it.
+    Follow { scope: Hash, reply: tokio::sync::oneshot::Sender<u64> },
     /// A frame that did not decode (already counted by the transport); it
     /// is passed on so that the engine's counts match `import`'s.
     Malformed,
     /// A peer's heartbeat heads, to find what we lack (`docs/PROTOCOL.md`, "Gossip and heartbeat"; the node asks for it by sync, `node::peers`).
     Heads { peer: std::net::SocketAddr, scope: Hash, heads: Vec<Hash>, root: Hash },
+}
+
+/// Where the outcome of an authored op goes.
+pub type AuthoredReply = tokio::sync::oneshot::Sender<Authored>;
+
+/// What the receive path made of an op the node authored.
+#[derive(Debug)]
+pub struct Authored {
+    pub outcome: crate::core::Outcome,
+    /// The commit that holds it: the answer waits until it is durable
+    /// (`PipelineState::durable`).
+    pub commit: u64,
+    /// The scope's last event sequence number before it was judged: an op
+    /// applied with events has the next ones (it is applied before the
+    /// cascade it wakes).
+    pub event_seq: u64,
+}
+
+/// A request for the state to author an op on (`core::Draft`). A data op's
+/// `root_hash` is computed by the projector at the point of the commit
+/// where the draft was taken (its `actions` folded onto the scope then).
+#[derive(Debug)]
+pub struct DraftRequest {
+    pub scope: Hash,
+    pub plane: u8,
+    pub actions: Vec<crate::protocol::Action>,
+    pub reply: tokio::sync::oneshot::Sender<Result<Drafted, crate::core::DraftRefused>>,
+}
+
+/// A draft with its `hlc` (the orderer's wall clock or later) and, for a
+/// data op, the root it must carry.
+#[derive(Debug)]
+pub struct Drafted {
+    pub draft: crate::core::Draft,
+    pub hlc: u64,
+    pub root: Option<Hash>,
 }
 
 struct Item {
@@ -102,7 +153,8 @@ impl Batch {
             .map(|i| match &i.work {
                 Work::Op { bytes, .. } => 2 * bytes.len() as u64 + i.pre.opened.as_ref().map_or(0, |o| o.as_ref().map_or(0, |p| p.len() as u64)) + 64,
                 // A delivery's sealed key can be a frame's worth (1 MiB).
-                Work::Key { kd, .. } => kd.sealed.len() as u64 + 256,
+                Work::Key { kd, .. } | Work::Deliver { kd, .. } => kd.sealed.len() as u64 + 256,
+                Work::Draft(r) => r.actions.iter().map(|a| a.bytes_len() as u64).sum::<u64>() + 256,
                 _ => 256,
             })
             .sum()
@@ -193,6 +245,8 @@ pub struct Committed {
     /// Scopes whose members (any role, at the governance heads) changed
     /// with this commit, with their members now, sorted.
     pub members: Vec<(Hash, Vec<crate::protocol::PublicKey>)>,
+    /// Key deliveries this node made to others, now kept, to gossip.
+    pub delivered: Vec<KeyDelivery>,
 }
 
 /// What the pipeline shares with the rest of the node.
@@ -212,6 +266,8 @@ pub struct PipelineState {
     pub divergences_heartbeat: AtomicU64,
     /// One past the number of the last commit written (0: none yet).
     pub durable_commits: AtomicU64,
+    /// The same, for those who wait on it (the answers of the node's API).
+    pub durable: tokio::sync::watch::Sender<u64>,
     /// The replica of the governance index the authorizer judges with: every
     /// accepted governance op, inserted by the orderer before its commit is
     /// durable, so `G` at any durable status's heads can be computed from
@@ -262,6 +318,7 @@ impl Pipeline {
             lacking: Mutex::new(Vec::new()),
             divergences_heartbeat: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
+            durable: tokio::sync::watch::Sender::new(0),
             governance: gov_replica.clone(),
         });
         {

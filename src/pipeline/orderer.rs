@@ -15,7 +15,8 @@ use metrics::{counter, gauge, histogram};
 use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
 use super::policy::OrderPolicy;
 use super::projector::{HeartbeatCheck, ToProject};
-use super::{gate, Batch, ConnId, HostOutcomes, Item, PipelineState, Work};
+use super::author::Authoring;
+use super::{gate, Authored, Batch, ConnId, HostOutcomes, Item, PipelineState, Work};
 use crate::clock::now_ms;
 use crate::core::governance::Governance;
 use crate::core::{Engine, Outcome, ScopeStatus, VerifiedOp};
@@ -51,6 +52,7 @@ pub(super) fn run(
     let waited_commit = WaitCounter::new("commit");
     let waited_input = WaitCounter::new("input");
     let mut heartbeats: Vec<HeartbeatCheck> = Vec::new();
+    let mut authoring = Authoring::default();
     while open || engine.cascade_remaining() {
         // Group commit: keep folding batches into this commit while the
         // previous one still waits for the committer (a slot is taken), up
@@ -87,8 +89,9 @@ pub(super) fn run(
                     gate.release(batch.bytes());
                     last_received = last_received.min(batch.received);
                     items_in_commit += batch.items.len();
+                    let mut at = ItemState { conns: &mut conns, hosts: &mut hosts, heartbeats: &mut heartbeats, authoring: &mut authoring };
                     for item in batch.items {
-                        handle_item(engine, item, &shared, &mut conns, &mut hosts, &mut heartbeats);
+                        handle_item(engine, item, &shared, &mut at);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -103,6 +106,7 @@ pub(super) fn run(
         }
         flush_verdicts();
         engine.handle_tick(now_ms());
+        authoring.expire(engine, now_ms());
         // Ops applied by durable commits may leave the in-memory index.
         let durable = shared.durable_commits.load(Ordering::Acquire);
         if durable > 0 {
@@ -127,7 +131,13 @@ pub(super) fn run(
         if policy.refresh_wanted(now, changed) {
             *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
         }
-        if commit.is_empty() && commit.applied.is_empty() && !want_status && heartbeats.is_empty() {
+        if commit.is_empty()
+            && commit.applied.is_empty()
+            && commit.delivered.is_empty()
+            && !want_status
+            && heartbeats.is_empty()
+            && authoring.roots.is_empty()
+        {
             last_received = Instant::now();
             continue;
         }
@@ -172,7 +182,9 @@ pub(super) fn run(
         // behind, and the time spent here is the orderer waiting for it.
         let t_send = Instant::now();
         let heartbeats = std::mem::take(&mut heartbeats);
-        if commit_tx.send(ToProject { commit, statuses, conns: applied_conns, received: last_received, heartbeats }).is_err() {
+        let roots = std::mem::take(&mut authoring.roots);
+        let to_project = ToProject { commit, statuses, conns: applied_conns, received: last_received, heartbeats, roots };
+        if commit_tx.send(to_project).is_err() {
             return;
         }
         waited_commit.increment(t_send.elapsed());
@@ -185,20 +197,48 @@ pub(super) fn run(
 /// compared no more until the next commit).
 const HEARTBEAT_CHECKS_MAX: usize = 1024;
 
-fn handle_item(
-    engine: &mut Engine,
-    item: Item,
-    shared: &PipelineState,
-    conns: &mut HashMap<Hash, ConnId>,
-    hosts: &mut crate::core::IdMap<std::net::IpAddr, (u32, u32)>,
-    heartbeats: &mut Vec<HeartbeatCheck>,
-) {
+/// What handling an item may add to, beside the engine: per commit, the
+/// connections of applied ops, the hosts' outcomes, the heartbeat
+/// comparisons; across commits, the drafts out.
+struct ItemState<'a> {
+    conns: &'a mut HashMap<Hash, ConnId>,
+    hosts: &'a mut crate::core::IdMap<std::net::IpAddr, (u32, u32)>,
+    heartbeats: &'a mut Vec<HeartbeatCheck>,
+    authoring: &'a mut Authoring,
+}
+
+fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut ItemState<'_>) {
+    let ItemState { conns, hosts, heartbeats, authoring } = at;
     if shared.refusing.load(Ordering::Relaxed) {
         counter!("dagfold_refused_while_failed_total").increment(1);
+        // Requests of the node's own API are answered (dropped, their
+        // requesters see the store refusing).
         return;
     }
     let now = now_ms();
     let outcome = match item.work {
+        Work::Draft(req) => {
+            authoring.request(engine, req, now);
+            return;
+        }
+        Work::Follow { scope, reply } => {
+            engine.follow(scope);
+            let _ = reply.send(engine.commit_number());
+            return;
+        }
+        Work::Undraft { scope, plane, reply } => {
+            authoring.returned(engine, &scope, plane, now);
+            let _ = reply.send(());
+            return;
+        }
+        Work::Deliver { kd, reply } => {
+            engine.stats.frames += 1;
+            let outcome = engine.handle_own_delivery(&kd, now);
+            if let Some(r) = reply {
+                let _ = r.send(engine.commit_number());
+            }
+            outcome
+        }
         Work::Malformed => engine.note_malformed(),
         Work::Key { kd, host } => {
             engine.stats.frames += 1;
@@ -206,8 +246,14 @@ fn handle_item(
             note_host(hosts, host, outcome == Outcome::KeyAccepted);
             outcome
         }
-        Work::Op { id, op, bytes, conn, host } => {
+        Work::Op { id, op, bytes, conn, host, authored } => {
+            let (scope, plane) = (op.scope, op.plane);
+            let event_seq = engine.event_seq(&scope);
             let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
+            if let Some(reply) = authored {
+                let _ = reply.send(Authored { outcome, commit: engine.commit_number(), event_seq });
+                authoring.returned(engine, &scope, plane, now);
+            }
             if conn != 0 {
                 conns.insert(id, conn);
             }

@@ -9,6 +9,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 use metrics::{counter, gauge, histogram};
 
+use super::author::RootRequest;
 use super::committer::ToCommit;
 use super::metrics::note_age;
 use super::{ConnId, PipelineState};
@@ -23,6 +24,9 @@ pub(super) struct ToProject {
     pub(super) conns: Vec<ConnId>,
     pub(super) received: Instant,
     pub(super) heartbeats: Vec<HeartbeatCheck>,
+    /// Data drafts of the node's API, whose roots are computed at their
+    /// point in the commit.
+    pub(super) roots: Vec<RootRequest>,
 }
 
 /// A peer's heartbeat with the same heads as ours: its root is compared
@@ -42,19 +46,26 @@ pub(super) struct HeartbeatCheck {
 pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCommit>, shared: Arc<PipelineState>) {
     let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "commit");
     for m in rx {
-        let ToProject { mut commit, mut statuses, conns, received, heartbeats } = m;
+        let ToProject { mut commit, mut statuses, conns, received, heartbeats, roots } = m;
         let t = Instant::now();
         note_age("project", received);
         let folds = std::mem::take(&mut commit.folds);
         let mut heartbeats = heartbeats.into_iter().peekable();
+        let mut roots = roots.into_iter().peekable();
         for (i, fold) in folds.into_iter().enumerate() {
             while let Some(h) = heartbeats.next_if(|h| h.at <= i) {
                 compare_heartbeat(&mut projector, &h, &shared);
+            }
+            while let Some(r) = roots.next_if(|r| r.at <= i) {
+                answer_draft(&mut projector, r);
             }
             projector.fold(fold);
         }
         for h in heartbeats {
             compare_heartbeat(&mut projector, &h, &shared);
+        }
+        for r in roots {
+            answer_draft(&mut projector, r);
         }
         projector.finish_commit(&mut commit);
         for st in &mut statuses {
@@ -69,6 +80,14 @@ pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<
         }
         waited.increment(t_send.elapsed().as_micros() as u64);
     }
+}
+
+/// A data draft's root: the scope's root at the draft's point with its
+/// actions folded (SPEC §8: the root of the op and its ancestors, the
+/// ancestors being every data op applied then, the heads it names).
+fn answer_draft(projector: &mut Projector, r: RootRequest) {
+    let root = projector.root_after(&r.draft.scope, r.hlc, &r.author, &r.actions);
+    let _ = r.reply.send(Ok(super::Drafted { draft: r.draft, hlc: r.hlc, root: Some(root) }));
 }
 
 /// SPEC §8 repaired through sync: a peer with our heads and another root.

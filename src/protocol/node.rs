@@ -13,6 +13,7 @@ pub const MSG_SYNC_DONE: u8 = 4;
 pub const MSG_SUBSCRIBE: u8 = 5;
 pub const MSG_EVENT: u8 = 6;
 pub const MSG_LAGGED: u8 = 7;
+pub const MSG_KEYS_REQUEST: u8 = 8;
 
 /// Heads listed per plane in one heartbeat entry; more concurrent heads
 /// than this are rare, and a sync fills in the rest.
@@ -23,6 +24,9 @@ pub const HEARTBEAT_SCOPES_MAX: usize = 128;
 pub const SYNC_IDS_MAX: usize = 256;
 /// Ops one sync response may carry: bounds the work a peer can ask for.
 pub const SYNC_OPS_MAX: u32 = 4096;
+/// Key deliveries one `KeysRequest` reply carries at most (~200 bytes
+/// each: ~200 KB); the requester asks again after the last one sent.
+pub const KEYS_REPLY_MAX: u32 = 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub struct ScopeBeat {
@@ -73,6 +77,16 @@ pub struct EventFrame {
     pub data: Vec<u8>,
 }
 
+/// Opens a bidirectional stream: "send me the key deliveries you made to
+/// the key I proved, those stored after (`after_scope`, `after_key_id`)
+/// (both ZERO: from the first)". The reply is at most `KEYS_REPLY_MAX`
+/// `Message::Key` frames in (scope, key_id) order, then one `SyncDone`.
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct KeysRequest {
+    pub after_scope: Hash,
+    pub after_key_id: Hash,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub struct Lagged {
     pub scope: Hash,
@@ -87,6 +101,7 @@ pub enum NodeMessage {
     Subscribe(Subscribe),
     Event(EventFrame),
     Lagged(Lagged),
+    KeysRequest(KeysRequest),
 }
 
 impl NodeMessage {
@@ -98,6 +113,7 @@ impl NodeMessage {
             NodeMessage::Subscribe(m) => (MSG_SUBSCRIBE, borsh::to_vec(m)),
             NodeMessage::Event(m) => (MSG_EVENT, borsh::to_vec(m)),
             NodeMessage::Lagged(m) => (MSG_LAGGED, borsh::to_vec(m)),
+            NodeMessage::KeysRequest(m) => (MSG_KEYS_REQUEST, borsh::to_vec(m)),
         };
         let mut out = vec![tag];
         out.extend(body.expect("encoding into a Vec cannot fail"));
@@ -124,12 +140,13 @@ impl NodeMessage {
             MSG_SUBSCRIBE => NodeMessage::Subscribe(borsh::from_slice(body).ok()?),
             MSG_EVENT => NodeMessage::Event(borsh::from_slice(body).ok()?),
             MSG_LAGGED => NodeMessage::Lagged(borsh::from_slice(body).ok()?),
+            MSG_KEYS_REQUEST => NodeMessage::KeysRequest(borsh::from_slice(body).ok()?),
             _ => return None,
         };
         Some(m)
     }
 
     pub fn is_node_variant(tag: u8) -> bool {
-        (MSG_HEARTBEAT..=MSG_LAGGED).contains(&tag)
+        (MSG_HEARTBEAT..=MSG_KEYS_REQUEST).contains(&tag)
     }
 }

@@ -118,6 +118,12 @@ impl Action {
             | Action::Add { entity, key, .. } => (entity, key),
         }
     }
+
+    /// Bytes it holds (entity, key and value), for memory bounds.
+    pub fn bytes_len(&self) -> usize {
+        let (entity, key) = self.cell();
+        entity.len() + key.len() + if let Action::Put { value, .. } = self { value.len() } else { 8 }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize)]

@@ -15,6 +15,8 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod api;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +80,12 @@ enum Cmd {
     /// (a killed node) it reconnects and resends the governance prefix and
     /// the data ops from the first one its heads do not cover. Prints JSON.
     Send(SendArgs),
+    /// The `api_writes` workload: concurrent HTTP clients with keep-alive
+    /// write one-put ops to one scope through node A's API while node B, a
+    /// member and peer of A, receives them by gossip. Prints JSON: A's
+    /// authored ops/s and p50/p99 from request to answer, B's rate and lag,
+    /// whether their roots agree at the end.
+    Api(api::ApiArgs),
     /// Measure the single-core rate of signature verification on this
     /// machine (batch of 64 with ed25519-dalek and ed25519-consensus, the
     /// project's own, and single verify_strict) and print JSON.
@@ -282,6 +290,13 @@ fn main() {
             Ok(report) => println!("{}", serde_json::to_string(&report).unwrap()),
             Err(e) => {
                 eprintln!("dagfold-loadgen: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Api(args) => match api::api(args) {
+            Ok(report) => println!("{report}"),
+            Err(e) => {
+                eprintln!("dagfold-loadgen: {e:#}");
                 std::process::exit(1);
             }
         },

@@ -1,0 +1,346 @@
+//! The node as its application's agent (API.md, "Model"): ops and key
+//! deliveries authored by the node's identity, each received through the
+//! same path as any op from the network.
+//!
+//! A write asks the orderer for a draft (`pipeline::DraftRequest`: parents,
+//! cut, hlc, key, and for a data op the root with its actions folded),
+//! composes and signs the op here, on the network runtime's threads, sends
+//! it into the ingest queue like a received op, and waits for what the
+//! receive path made of it and for its commit to be durable. An op the path
+//! drops is answered `Rejected` with the SPEC §6 reason; nothing of it is
+//! kept. Callers run each write in a task of its own (`spawn`), so that a
+//! client that goes away mid-write never leaves a draft out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::RngCore;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::core::{DraftRefused, Identity, Outcome};
+use crate::limits::OP_PAYLOAD_BYTES_MAX;
+use crate::pipeline::{Authored, DraftRequest, Drafted, PipelineState, Work};
+use crate::protocol::crypto::{encode_op, key_id_of, seal_key_delivery, seal_payload};
+use crate::protocol::{
+    encode, Action, DataPayload, Event, GovAction, GovPayload, Hash, KeyDelivery, Op, PublicKey, Role, PLANE_DATA,
+    PLANE_GOVERNANCE, ZERO,
+};
+
+/// Writes in progress at once, over all clients: each holds a draft or an
+/// op in the pipeline; past this the API answers 503 at once instead of
+/// queueing without bound.
+pub const WRITES_IN_PROGRESS_MAX: usize = 4096;
+
+/// How long a write waits for its draft, its verdict and its durability
+/// together. The pipeline answers in milliseconds; this covers a stall
+/// (a store slow to sync) without holding a client forever.
+pub const WRITE_ANSWER_TIMEOUT_MS: u64 = 30_000;
+
+/// The AEAD tag a sealed payload adds (SPEC §4).
+const TAG_BYTES: usize = 16;
+
+/// Why a write was not done.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("{0}")]
+    Refused(#[from] DraftRefused),
+    /// The receive path dropped the op (SPEC §6), with its reason.
+    #[error("the receive path dropped the op: {0}")]
+    Rejected(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    TooLarge(String),
+    /// Retryable: the store refuses writes, the node drains, a bound is full.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// A write that is durable and applied.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub scope: Hash,
+    pub op: Hash,
+    /// The scope root the op carries (data ops).
+    pub root: Option<Hash>,
+    pub first_event_seq: Option<u64>,
+    /// The new key's id (rotations).
+    pub key_id: Option<Hash>,
+}
+
+/// The node's authoring side, shared by the API's handlers.
+pub struct Author {
+    identity: Identity,
+    ingest: mpsc::Sender<Work>,
+    pipeline: Arc<PipelineState>,
+    permits: Arc<Semaphore>,
+}
+
+impl Author {
+    pub fn new(identity: Identity, ingest: mpsc::Sender<Work>, pipeline: Arc<PipelineState>) -> Self {
+        Author { identity, ingest, pipeline, permits: Arc::new(Semaphore::new(WRITES_IN_PROGRESS_MAX)) }
+    }
+
+    /// Runs a write in a task of its own, bounded by `WRITES_IN_PROGRESS_MAX`
+    /// and `WRITE_ANSWER_TIMEOUT_MS`.
+    pub async fn spawn<F, Fut>(self: &Arc<Self>, f: F) -> Result<Written, WriteError>
+    where
+        F: FnOnce(Arc<Author>) -> Fut,
+        Fut: std::future::Future<Output = Result<Written, WriteError>> + Send + 'static,
+    {
+        if let Some(reason) = self.pipeline.refusing_reason.lock().unwrap().clone() {
+            return Err(WriteError::Unavailable(format!("the store refuses writes until the node restarts: {reason}")));
+        }
+        let permit = self.permits.clone().try_acquire_owned().map_err(|_| {
+            WriteError::Unavailable(format!("{WRITES_IN_PROGRESS_MAX} writes are in progress; retry"))
+        })?;
+        let fut = f(self.clone());
+        let timeout = Duration::from_millis(WRITE_ANSWER_TIMEOUT_MS);
+        let task = tokio::spawn(async move {
+            let _permit = permit;
+            match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(WriteError::Unavailable(format!(
+                    "not answered within {} s; the write may still be applied",
+                    WRITE_ANSWER_TIMEOUT_MS / 1000
+                ))),
+            }
+        });
+        task.await.unwrap_or_else(|e| Err(WriteError::Unavailable(format!("the write's task failed: {e}"))))
+    }
+
+    /// A new scope (API.md `POST /v1/scopes`): a genesis by the node, and
+    /// a fresh group key from the OS's randomness, delivered to the node.
+    pub async fn create_scope(self: Arc<Self>, name: String) -> Result<Written, WriteError> {
+        if name.len() > OP_PAYLOAD_BYTES_MAX as usize - 64 {
+            return Err(WriteError::TooLarge(format!("a scope name of {} bytes does not fit in an op", name.len())));
+        }
+        let key = random_key();
+        let payload = encode(&GovPayload { actions: vec![GovAction::Genesis { name, first_key_id: key_id_of(&key) }] });
+        let mut op = Op {
+            version: 1,
+            scope: ZERO,
+            plane: PLANE_GOVERNANCE,
+            author: self.identity.public_key,
+            parents: vec![],
+            cut: vec![],
+            hlc: crate::clock::now_ms(),
+            key_id: ZERO,
+            nonce: [0; 12],
+            payload,
+            signature: [0; 64],
+        };
+        let (bytes, id) = self.sign(&mut op);
+        // The key first: it is in the keyring before any op can need it.
+        let commit = self.deliver(self.to_self(id, &key)).await?;
+        let done = self.submit(id, op, bytes).await?;
+        self.durable(commit.max(done.commit)).await?;
+        Ok(Written { scope: id, op: id, root: None, first_event_seq: None, key_id: Some(key_id_of(&key)) })
+    }
+
+    /// A data op (API.md `POST /v1/scopes/{scope}/ops`).
+    pub async fn write(self: Arc<Self>, scope: Hash, actions: Vec<Action>, events: Vec<Event>) -> Result<Written, WriteError> {
+        // SPEC §7's payload limit, with the root and the tag.
+        let plain_len = encode(&DataPayload { root_hash: ZERO, actions: actions.clone(), events: events.clone() }).len();
+        if plain_len + TAG_BYTES > OP_PAYLOAD_BYTES_MAX as usize {
+            return Err(WriteError::TooLarge(format!(
+                "the op's payload would be {} bytes, over SPEC §7's {OP_PAYLOAD_BYTES_MAX}",
+                plain_len + TAG_BYTES
+            )));
+        }
+        let d = self.draft(scope, PLANE_DATA, actions.clone()).await?;
+        let root = d.root.expect("a data draft has its root");
+        let has_events = !events.is_empty();
+        let plain = encode(&DataPayload { root_hash: root, actions, events });
+        let (id, op, bytes) = self.compose(&d, PLANE_DATA, &plain);
+        let done = self.submit(id, op, bytes).await?;
+        self.durable(done.commit).await?;
+        let first_event_seq = has_events.then_some(done.event_seq + 1);
+        Ok(Written { scope, op: id, root: Some(root), first_event_seq, key_id: None })
+    }
+
+    /// `AddMember`, then every key of the keyring delivered to the member.
+    pub async fn add_member(self: Arc<Self>, scope: Hash, member: PublicKey, kem: [u8; 32], role: Role) -> Result<Written, WriteError> {
+        let d = self.draft(scope, PLANE_GOVERNANCE, vec![]).await?;
+        if d.draft.governance.role(&member).is_some() {
+            return self
+                .release(d, WriteError::Conflict("already a member; change its role with PUT …/members/{public_key}".into()))
+                .await;
+        }
+        let plain = encode(&GovPayload { actions: vec![GovAction::AddMember { member, role, kem }] });
+        let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
+        let done = self.submit(id, op, bytes).await?;
+        let mut last = done.commit;
+        for key in &d.draft.keyring {
+            last = last.max(self.deliver(self.seal(scope, key, member, &kem)).await?);
+        }
+        self.durable(last).await?;
+        Ok(Written { scope, op: id, root: None, first_event_seq: None, key_id: None })
+    }
+
+    /// `SetRole` of a member.
+    pub async fn set_role(self: Arc<Self>, scope: Hash, member: PublicKey, role: Role) -> Result<Written, WriteError> {
+        let d = self.draft(scope, PLANE_GOVERNANCE, vec![]).await?;
+        if d.draft.governance.role(&member).is_none() {
+            return self.release(d, WriteError::NotFound("not a member of the scope".into())).await;
+        }
+        let plain = encode(&GovPayload { actions: vec![GovAction::SetRole { member, role }] });
+        let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
+        let done = self.submit(id, op, bytes).await?;
+        self.durable(done.commit).await?;
+        Ok(Written { scope, op: id, root: None, first_event_seq: None, key_id: None })
+    }
+
+    /// `[RemoveMember, RotateKey(new)]` in one op, then the new key to every
+    /// remaining member (`member` = None: a rotation alone).
+    pub async fn remove_or_rotate(self: Arc<Self>, scope: Hash, member: Option<PublicKey>) -> Result<Written, WriteError> {
+        let d = self.draft(scope, PLANE_GOVERNANCE, vec![]).await?;
+        let mut actions = Vec::new();
+        if let Some(m) = member {
+            if d.draft.governance.role(&m).is_none() {
+                return self.release(d, WriteError::NotFound("not a member of the scope".into())).await;
+            }
+            if m == self.identity.public_key {
+                let e = WriteError::Conflict("the node cannot remove itself: it would lose the key it rotates".into());
+                return self.release(d, e).await;
+            }
+            actions.push(GovAction::RemoveMember { member: m });
+        }
+        let key = random_key();
+        actions.push(GovAction::RotateKey { key_id: key_id_of(&key) });
+        // The key first: ops built on the rotation need it.
+        let mut last = self.deliver(self.to_self(scope, &key)).await?;
+        let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &encode(&GovPayload { actions }));
+        let done = self.submit(id, op, bytes).await?;
+        last = last.max(done.commit);
+        let mut members: Vec<(&PublicKey, &[u8; 32])> = d.draft.governance.kem.iter().collect();
+        members.sort_unstable();
+        for (m, kem) in members {
+            if Some(*m) != member && *m != self.identity.public_key && d.draft.governance.role(m).is_some() {
+                last = last.max(self.deliver(self.seal(scope, &key, *m, kem)).await?);
+            }
+        }
+        self.durable(last).await?;
+        Ok(Written { scope, op: id, root: None, first_event_seq: None, key_id: Some(key_id_of(&key)) })
+    }
+
+    /// Accepts the scope's genesis whoever authored it, durably.
+    pub async fn follow(self: Arc<Self>, scope: Hash) -> Result<Written, WriteError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Work::Follow { scope, reply: tx }).await?;
+        let commit = rx.await.map_err(|_| stopped())?;
+        self.durable(commit).await?;
+        Ok(Written { scope, op: ZERO, root: None, first_event_seq: None, key_id: None })
+    }
+
+    // ----- the steps --------------------------------------------------
+
+    async fn send(&self, w: Work) -> Result<(), WriteError> {
+        self.ingest.send(w).await.map_err(|_| stopped())
+    }
+
+    async fn draft(&self, scope: Hash, plane: u8, actions: Vec<Action>) -> Result<Drafted, WriteError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Work::Draft(DraftRequest { scope, plane, actions, reply: tx })).await?;
+        Ok(rx.await.map_err(|_| stopped())??)
+    }
+
+    /// A draft not used (the request turned out to be wrong against the
+    /// state it was drafted on): its turn goes back to the scope.
+    async fn release(&self, d: Drafted, e: WriteError) -> Result<Written, WriteError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Work::Undraft { scope: d.draft.scope, plane: d.draft.plane, reply: tx }).await?;
+        let _ = rx.await;
+        Err(e)
+    }
+
+    fn compose(&self, d: &Drafted, plane: u8, plain: &[u8]) -> (Hash, Op, Vec<u8>) {
+        let mut nonce = [0u8; 12];
+        rand::rngs::OsRng.fill_bytes(&mut nonce);
+        let scope = d.draft.scope;
+        let mut op = Op {
+            version: 1,
+            scope,
+            plane,
+            author: self.identity.public_key,
+            parents: d.draft.parents.clone(),
+            cut: d.draft.cut.clone(),
+            hlc: d.hlc,
+            key_id: d.draft.key_id,
+            nonce,
+            payload: seal_payload(&d.draft.key, &nonce, &scope, plane, plain),
+            signature: [0; 64],
+        };
+        let (bytes, id) = self.sign(&mut op);
+        (id, op, bytes)
+    }
+
+    fn sign(&self, op: &mut Op) -> (Vec<u8>, Hash) {
+        op.signature = [0; 64];
+        let (_, id) = encode_op(op);
+        op.signature = crate::protocol::sig::sign(&self.identity.seed, &id);
+        let (bytes, _) = encode_op(op);
+        (bytes, id)
+    }
+
+    fn seal(&self, scope: Hash, key: &[u8; 32], to: PublicKey, kem: &[u8; 32]) -> KeyDelivery {
+        seal_key_delivery(scope, key, to, kem, &random_key())
+    }
+
+    fn to_self(&self, scope: Hash, key: &[u8; 32]) -> KeyDelivery {
+        self.seal(scope, key, self.identity.public_key, &self.identity.kem_public)
+    }
+
+    /// Sends a delivery; the commit that keeps it.
+    async fn deliver(&self, kd: KeyDelivery) -> Result<u64, WriteError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Work::Deliver { kd, reply: Some(tx) }).await?;
+        rx.await.map_err(|_| stopped())
+    }
+
+    /// Sends an op into the receive path; what it made of it, if applied.
+    async fn submit(&self, id: Hash, op: Op, bytes: Vec<u8>) -> Result<Authored, WriteError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Work::Op { id, op, bytes, conn: 0, host: None, authored: Some(tx) }).await?;
+        let done = rx.await.map_err(|_| stopped())?;
+        match done.outcome {
+            Outcome::Applied => Ok(done),
+            Outcome::Dropped(reason) => Err(WriteError::Rejected(reason.name().to_string())),
+            other => Err(WriteError::Rejected(format!("{other:?}"))),
+        }
+    }
+
+    /// Waits until commit `number` is durable.
+    async fn durable(&self, number: u64) -> Result<(), WriteError> {
+        let mut rx = self.pipeline.durable.subscribe();
+        let refusing = || self.pipeline.refusing.load(std::sync::atomic::Ordering::Relaxed);
+        loop {
+            if *rx.borrow_and_update() > number {
+                return Ok(());
+            }
+            if refusing() {
+                return Err(WriteError::Unavailable("the store refuses writes until the node restarts".into()));
+            }
+            // The committer skips commits while refusing: look again now
+            // and then rather than wait for a change that never comes.
+            match tokio::time::timeout(Duration::from_millis(200), rx.changed()).await {
+                Ok(Err(_)) => return Err(stopped()),
+                Ok(Ok(())) | Err(_) => {}
+            }
+        }
+    }
+}
+
+fn stopped() -> WriteError {
+    WriteError::Unavailable("the node is draining".into())
+}
+
+fn random_key() -> [u8; 32] {
+    let mut k = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut k);
+    k
+}

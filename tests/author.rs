@@ -1,0 +1,149 @@
+//! The node's own writes (API.md, "Model"), driven through the pipeline
+//! without a transport: each authored op is received by the same path as
+//! any other, answered once durable, refused with a clear reason when the
+//! node cannot honour it, and applied by another node to the same state.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dagfold::core::{Config, DraftRefused, Engine, Identity, Outcome};
+use dagfold::node::author::{Author, WriteError};
+use dagfold::pipeline::{Committed, Pipeline, PipelineConfig, PipelineState};
+use dagfold::protocol::{encode, Action, Event, Hash, Message, Role, ZERO};
+use dagfold::store::memory::MemStore;
+
+struct Node {
+    author: Arc<Author>,
+    shared: Arc<PipelineState>,
+    /// Every message the node kept, as frames, in commit order (what its
+    /// peers would be sent).
+    sent: Arc<Mutex<Vec<Vec<u8>>>>,
+    rt: tokio::runtime::Runtime,
+    _pipeline: Pipeline,
+}
+
+fn start(id: &Identity) -> Node {
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    let sent: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let s2 = sent.clone();
+    let on_durable = Box::new(move |c: Committed| {
+        let mut s = s2.lock().unwrap();
+        for (_, _, bytes, _) in c.applied {
+            s.push([&[dagfold::protocol::MESSAGE_OP][..], &bytes].concat());
+        }
+        for kd in c.delivered {
+            s.push(encode(&Message::Key(kd)));
+        }
+    });
+    let cfg = PipelineConfig { tick_ms: 20, ..Default::default() };
+    let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id.clone()), MemStore::new(), rx, on_durable);
+    let shared = pipeline.shared.clone();
+    let author = Arc::new(Author::new(id.clone(), tx, shared.clone()));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    Node { author, shared, sent, rt, _pipeline: pipeline }
+}
+
+impl Node {
+    fn run<F, Fut>(&self, f: F) -> Result<dagfold::node::author::Written, WriteError>
+    where
+        F: FnOnce(Arc<Author>) -> Fut,
+        Fut: std::future::Future<Output = Result<dagfold::node::author::Written, WriteError>> + Send + 'static,
+    {
+        let a = self.author.clone();
+        self.rt.block_on(async move { a.spawn(f).await })
+    }
+
+    /// The scope's SPEC §11 status once `ok` holds of it.
+    fn status_when(&self, scope: &Hash, ok: impl Fn(&dagfold::core::ScopeStatus) -> bool) -> dagfold::core::ScopeStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = self.shared.status.read().unwrap().get(scope).filter(|s| ok(s)) {
+                return s.clone();
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "status never reached: {:?}", self.shared.status.read().unwrap().get(scope));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn put(k: &str, v: &str) -> Action {
+    Action::Put { entity: "notes".into(), key: k.as_bytes().to_vec(), value: v.as_bytes().to_vec() }
+}
+
+#[test]
+fn authored_ops_apply_here_and_on_a_member_node_with_the_same_root() {
+    let a = Identity::from_secrets([31; 32], [32; 32]);
+    let b = Identity::from_secrets([33; 32], [34; 32]);
+    let node = start(&a);
+    let scope = node.run(|x| x.create_scope("team".into())).unwrap().scope;
+    let w = node.run(move |x| x.write(scope, vec![put("a", "1")], vec![Event { kind: "hello".into(), data: b"x".to_vec() }])).unwrap();
+    assert_eq!(w.first_event_seq, Some(1));
+    let st = node.status_when(&scope, |s| s.applied == 2);
+    assert_eq!(st.root, w.root.unwrap(), "the op carries the root it makes");
+    assert_eq!(st.data_heads, vec![w.op]);
+
+    // The second node becomes a writer: the keyring is delivered to it.
+    node.run(move |x| x.add_member(scope, b.public_key, b.kem_public, Role::Writer)).unwrap();
+    // Many writers at once: none waits on another's whole path.
+    let writes: Vec<_> = (0..64)
+        .map(|i| {
+            let a = node.author.clone();
+            node.rt.spawn(async move { a.spawn(move |x| x.write(scope, vec![put(&format!("k{i}"), "v")], vec![])).await })
+        })
+        .collect();
+    for h in writes {
+        node.rt.block_on(h).unwrap().expect("a concurrent write is applied");
+    }
+    // A rotation, then a write under the new key.
+    let rot = node.run(move |x| x.remove_or_rotate(scope, None)).unwrap();
+    assert!(rot.key_id.is_some());
+    let last = node.run(move |x| x.write(scope, vec![put("a", "2")], vec![])).unwrap();
+    let st = node.status_when(&scope, |s| s.data_heads == vec![last.op]);
+    assert_eq!(st.root, last.root.unwrap());
+    assert_eq!(st.applied, 1 + 1 + 1 + 64 + 1 + 1);
+
+    // Written on one node, received and applied on another.
+    let mut other = Engine::new(Config::default(), b.clone());
+    let frames = node.sent.lock().unwrap().clone();
+    // The ops before the AddMember wait for the keyring delivered after it.
+    for f in &frames {
+        let o = other.handle_frame(f, 0);
+        assert!(matches!(o, Outcome::Applied | Outcome::KeyAccepted | Outcome::NotYet(_)), "{o:?}");
+    }
+    let theirs = other.status(&scope).unwrap();
+    assert_eq!((theirs.root, theirs.applied, theirs.data_key_waiting), (st.root, st.applied, 0));
+}
+
+#[test]
+fn requests_the_node_cannot_honour_are_refused_and_leave_nothing() {
+    let a = Identity::from_secrets([41; 32], [42; 32]);
+    let b = Identity::from_secrets([43; 32], [44; 32]);
+    let node = start(&a);
+    let unknown = [7u8; 32];
+    match node.run(move |x| x.write(unknown, vec![put("a", "1")], vec![])) {
+        Err(WriteError::Refused(DraftRefused::UnknownScope)) => {}
+        other => panic!("{other:?}"),
+    }
+    let scope = node.run(|x| x.create_scope("team".into())).unwrap().scope;
+    let big = Action::Put { entity: "e".into(), key: vec![1], value: vec![0; 262_144] };
+    assert!(matches!(node.run(move |x| x.write(scope, vec![big], vec![])), Err(WriteError::TooLarge(_))));
+    assert!(matches!(node.run(move |x| x.set_role(scope, b.public_key, Role::Admin)), Err(WriteError::NotFound(_))));
+    assert!(matches!(node.run(move |x| x.remove_or_rotate(scope, Some(b.public_key))), Err(WriteError::NotFound(_))));
+    assert!(matches!(node.run(move |x| x.remove_or_rotate(scope, Some(a.public_key))), Err(WriteError::Conflict(_))));
+    node.run(move |x| x.add_member(scope, b.public_key, b.kem_public, Role::Reader)).unwrap();
+    assert!(matches!(node.run(move |x| x.add_member(scope, b.public_key, b.kem_public, Role::Writer)), Err(WriteError::Conflict(_))));
+    // Two removals at once: one is applied, the other finds it gone.
+    let r1 = node.author.clone();
+    let r2 = node.author.clone();
+    let (x, y) = node.rt.block_on(async move {
+        let f1 = r1.spawn(move |x| x.remove_or_rotate(scope, Some(b.public_key)));
+        let f2 = r2.spawn(move |x| x.remove_or_rotate(scope, Some(b.public_key)));
+        tokio::join!(f1, f2)
+    });
+    assert!(x.is_ok() != y.is_ok(), "exactly one removal: {x:?} {y:?}");
+    assert!(matches!(x.err().or(y.err()), Some(WriteError::NotFound(_))));
+    // The refusals made no op: genesis, AddMember, one removal.
+    let st = node.status_when(&scope, |s| s.applied == 3);
+    assert_eq!(st.members.len(), 1);
+    assert_ne!(scope, ZERO);
+}
