@@ -19,6 +19,7 @@
 
 pub mod events;
 pub mod reads;
+pub mod writes;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -122,6 +123,11 @@ impl ApiState {
         self.draining.store(true, Ordering::Release);
     }
 
+    /// The node drains: writes are refused (503).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
     fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire) && !self.draining.load(Ordering::Acquire)
     }
@@ -209,12 +215,15 @@ pub struct JsonBody<T>(pub T);
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
+    /// The body is read as JSON whatever its `content-type` says (a client
+    /// such as `curl -d` sends another): what matters is that it parses.
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(JsonBody(v)),
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::too_large(e.body_text())),
-            Err(e) => Err(ApiError::bad_request(e.body_text())),
-        }
+        let bytes = match axum::body::Bytes::from_request(req, state).await {
+            Ok(b) => b,
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(ApiError::too_large(e.body_text())),
+            Err(e) => return Err(ApiError::bad_request(e.body_text())),
+        };
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad_request(format!("the body is not the JSON expected: {e}")))
     }
 }
 
@@ -289,6 +298,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
     let authenticated = Router::new()
         .merge(reads::routes())
         .merge(events::routes())
+        .merge(writes::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/v1/identity", get(identity))

@@ -167,9 +167,7 @@ async fn items(
     let limit = page_limit(q.limit.as_deref(), API_ITEMS_PAGE_DEFAULT, API_ITEMS_PAGE_MAX)?;
     blocking(move || {
         let prefix = items_cells_prefix(&scope, &entity);
-        let after = after.map(|a| [prefix.as_slice(), &a].concat()).unwrap_or_default();
-        let records = state.node.reader.scan_prefix(Cf::Items, &prefix, &after, limit + 1).map_err(store_error)?;
-        let mut keys: Vec<Vec<u8>> = records.into_iter().map(|(k, _)| k[prefix.len()..].to_vec()).collect();
+        let mut keys = state.node.reader.keys_after(Cf::Items, &prefix, after.as_deref(), limit + 1).map_err(store_error)?;
         let more = keys.len() > limit;
         keys.truncate(limit);
         let mut items = Vec::with_capacity(keys.len());
@@ -198,9 +196,7 @@ async fn entities(
     let limit = page_limit(q.limit.as_deref(), API_ENTITIES_PAGE_MAX, API_ENTITIES_PAGE_MAX)?;
     blocking(move || {
         let prefix = items_entities_prefix(&scope);
-        let after = q.after.map(|a| [prefix.as_slice(), a.as_bytes()].concat()).unwrap_or_default();
-        let records = state.node.reader.scan_prefix(Cf::Items, &prefix, &after, limit + 1).map_err(store_error)?;
-        let mut names: Vec<Vec<u8>> = records.into_iter().map(|(k, _)| k[prefix.len()..].to_vec()).collect();
+        let mut names = state.node.reader.keys_after(Cf::Items, &prefix, q.after.as_ref().map(|a| a.as_bytes()), limit + 1).map_err(store_error)?;
         let more = names.len() > limit;
         names.truncate(limit);
         // Entities are strings (SPEC §4): stored as their UTF-8 bytes.

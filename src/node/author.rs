@@ -33,8 +33,10 @@ pub const WRITES_IN_PROGRESS_MAX: usize = 4096;
 
 /// How long a write waits for its draft, its verdict and its durability
 /// together. The pipeline answers in milliseconds; this covers a stall
-/// (a store slow to sync) without holding a client forever.
-pub const WRITE_ANSWER_TIMEOUT_MS: u64 = 30_000;
+/// (a store slow to sync) without holding a client forever, and answers
+/// within the API's request timeout (`api::API_REQUEST_TIMEOUT_MS`), so the
+/// client reads why.
+pub const WRITE_ANSWER_TIMEOUT_MS: u64 = 8_000;
 
 /// The AEAD tag a sealed payload adds (SPEC §4).
 const TAG_BYTES: usize = 16;

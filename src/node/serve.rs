@@ -253,13 +253,10 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, conn_id: u64, pee
 async fn serve_keys(shared: Arc<NodeShared>, req: KeysRequest, peer_key: Option<PublicKey>, reply: Reply) {
     let Some(key) = peer_key else { return refuse(&reply, "keys", "anonymous").await };
     let prefix = [crate::core::META_DELIVERY_PREFIX, &key[..]].concat();
-    let after = if req.after_scope == crate::protocol::ZERO && req.after_key_id == crate::protocol::ZERO {
-        Vec::new()
-    } else {
-        [&prefix[..], &req.after_scope[..], &req.after_key_id[..]].concat()
-    };
+    let after = (req.after_scope != crate::protocol::ZERO || req.after_key_id != crate::protocol::ZERO)
+        .then(|| [&req.after_scope[..], &req.after_key_id[..]].concat());
     let reader = shared.reader.clone();
-    let found = tokio::task::spawn_blocking(move || reader.scan_prefix(Cf::Meta, &prefix, &after, KEYS_REPLY_MAX as usize)).await;
+    let found = tokio::task::spawn_blocking(move || reader.records_after(Cf::Meta, &prefix, after.as_deref(), KEYS_REPLY_MAX as usize)).await;
     let Ok(Ok(found)) = found else { return };
     metrics::counter!("dagfold_keys_requests_served_total").increment(1);
     let sent = found.len() as u32;

@@ -59,6 +59,9 @@ pub(super) struct Authoring {
     waiting: usize,
     /// Roots for the projector to compute with the commit being built.
     pub(super) roots: Vec<RootRequest>,
+    /// Scopes with an authored op judged in the commit being built: their
+    /// statuses go with it, so that a read after a write's answer sees it.
+    pub(super) judged: std::collections::BTreeSet<Hash>,
 }
 
 impl Authoring {
@@ -79,6 +82,7 @@ impl Authoring {
     /// An authored op of `scope` was judged: its draft is back; the
     /// requests waiting on the scope are drafted against the state now.
     pub(super) fn returned(&mut self, engine: &mut Engine, scope: &Hash, plane: u8, now_ms: u64) {
+        self.judged.insert(*scope);
         let Some(s) = self.scopes.get_mut(scope) else { return };
         if plane == PLANE_DATA {
             s.data_out = s.data_out.saturating_sub(1);

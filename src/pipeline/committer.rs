@@ -45,7 +45,6 @@ pub(super) fn run<S: Store>(
         // Readable in the store from here (and durable, when syncing): the
         // orderer may now answer for its ops from the store.
         shared.durable_commits.store(commit.number + 1, Ordering::Release);
-        shared.durable.send_replace(commit.number + 1);
         histogram!("dagfold_commit_seconds").record(t.elapsed().as_secs_f64());
         histogram!("dagfold_commit_writes").record(commit.writes.len() as f64);
         histogram!("dagfold_commit_applied_ops").record(commit.applied.len() as f64);
@@ -64,6 +63,9 @@ pub(super) fn run<S: Store>(
                 st.insert(s.scope, s);
             }
         }
+        // An API write is answered from here: its status is published
+        // first, so a read after the answer sees it.
+        shared.durable.send_replace(commit.number + 1);
         // The encodings of applied ops are in the batch just written, or
         // (a pending op's, written when it was buffered) beside it.
         let mut bytes: HashMap<&[u8], &Vec<u8>> = HashMap::new();

@@ -158,11 +158,15 @@ pub(super) fn run(
         let statuses: Vec<ScopeStatus> = if want_status {
             let t_status = Instant::now();
             policy.statuses_computed(t_status);
+            authoring.judged.clear();
             let v: Vec<ScopeStatus> = std::mem::take(&mut status_pending).iter().filter_map(|s| engine.status(s)).collect();
             histogram!("dagfold_stage_seconds", "stage" => "status").record(t_status.elapsed().as_secs_f64());
             v
         } else {
-            Vec::new()
+            // Between the policy's rounds, the scopes of the API's writes
+            // (answered once this commit is durable).
+            let judged = std::mem::take(&mut authoring.judged);
+            judged.iter().filter(|s| status_pending.remove(*s)).filter_map(|s| engine.status(s)).collect()
         };
         let applied_conns: Vec<ConnId> =
             commit.applied.iter().map(|(id, _)| conns.remove(id).unwrap_or(0)).collect();

@@ -295,25 +295,34 @@ impl StoreReader {
         Ok(self.db.get_cf(h, key)?)
     }
 
-    /// Records of `cf` whose keys start with `prefix` and sort after
-    /// `after` (the whole key; empty: from the first), at most `max`.
-    pub fn scan_prefix(&self, cf: Cf, prefix: &[u8], after: &[u8], max: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    /// The records of `cf` whose keys start with `prefix` and sort after
+    /// `prefix ‖ after` (from the first with `None`), in key order, at most
+    /// `max`, each key without its prefix.
+    pub fn records_after(&self, cf: Cf, prefix: &[u8], after: Option<&[u8]>, max: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
         let h = self.db.cf_handle(cf.name()).expect("every column family is opened");
         let mut it = self.db.raw_iterator_cf(h);
-        it.seek(if after > prefix { after } else { prefix });
+        let start = [prefix, after.unwrap_or_default()].concat();
+        it.seek(&start);
         let mut out = Vec::new();
         while it.valid() && out.len() < max {
             let (Some(k), Some(v)) = (it.key(), it.value()) else { break };
             if !k.starts_with(prefix) {
                 break;
             }
-            if k != after {
-                out.push((k.to_vec(), v.to_vec()));
+            if after.is_none() || k != start.as_slice() {
+                out.push((k[prefix.len()..].to_vec(), v.to_vec()));
             }
             it.next();
         }
         it.status()?;
         Ok(out)
+    }
+
+    /// The keys of `cf` that start with `prefix` and sort after
+    /// `prefix ‖ after` (from the first with `None`), in key order, at most
+    /// `max`, each without its prefix.
+    pub fn keys_after(&self, cf: Cf, prefix: &[u8], after: Option<&[u8]>, max: usize) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self.records_after(cf, prefix, after, max)?.into_iter().map(|(k, _)| k).collect())
     }
 
     /// Events of `scope` with sequence numbers in `from..=to`, at most

@@ -2,6 +2,7 @@
 //! (never copied into the repo) and comparing an engine with a scenario.
 #![allow(dead_code)]
 
+pub mod api;
 pub mod node;
 
 use std::collections::BTreeMap;
