@@ -186,6 +186,7 @@ fn public_routes_the_token_and_errors() {
         format!("/v1/scopes/{}", "00".repeat(32)),
         format!("/v1/scopes/{}", "zz".repeat(32)),
         format!("/v1/scopes/{}", "5a".repeat(31)),
+        "/v1/scopes/".to_owned(),
         "/nowhere".to_owned(),
     ] {
         let (status, body) = call(&n, "GET", &path, None);

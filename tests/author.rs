@@ -23,6 +23,10 @@ struct Node {
 }
 
 fn start(id: &Identity) -> Node {
+    start_on(id, MemStore::new())
+}
+
+fn start_on(id: &Identity, store: MemStore) -> Node {
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     let sent: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
     let s2 = sent.clone();
@@ -36,7 +40,7 @@ fn start(id: &Identity) -> Node {
         }
     });
     let cfg = PipelineConfig { tick_ms: 20, ..Default::default() };
-    let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id.clone()), MemStore::new(), rx, on_durable);
+    let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id.clone()), store, rx, on_durable);
     let shared = pipeline.shared.clone();
     let author = Arc::new(Author::new(id.clone(), tx, shared.clone()));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -146,4 +150,24 @@ fn requests_the_node_cannot_honour_are_refused_and_leave_nothing() {
     let st = node.status_when(&scope, |s| s.applied == 3);
     assert_eq!(st.members.len(), 1);
     assert_ne!(scope, ZERO);
+}
+
+/// A store that fails a write: the write whose commit it was is answered
+/// "unavailable" (retryable, never "done"), and so is every write after it,
+/// at once.
+#[test]
+fn writes_while_the_store_refuses_are_unavailable() {
+    let a = Identity::from_secrets([51; 32], [52; 32]);
+    let mut store = MemStore::new();
+    // The scope's key and genesis (one or two commits), then failure.
+    store.fail_after_writes = Some(2);
+    let node = start_on(&a, store);
+    let scope = node.run(|x| x.create_scope("team".into())).unwrap().scope;
+    let mut answers = Vec::new();
+    for i in 0..3 {
+        answers.push(node.run(move |x| x.write(scope, vec![put(&format!("k{i}"), "v")], vec![])));
+    }
+    let failed = answers.iter().position(|r| r.is_err()).expect("a write meets the failed store");
+    assert!(answers[failed..].iter().all(|r| matches!(r, Err(WriteError::Unavailable(_)))), "{answers:?}");
+    assert!(node.shared.refusing.load(std::sync::atomic::Ordering::SeqCst));
 }

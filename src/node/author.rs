@@ -233,7 +233,7 @@ impl Author {
     /// Accepts the scope's genesis whoever authored it, durably.
     pub async fn follow(self: Arc<Self>, scope: Hash) -> Result<Written, WriteError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Work::Follow { scope, reply: tx }).await?;
+        self.direct(Work::Follow { scope, reply: tx })?;
         let commit = rx.await.map_err(|_| stopped())?;
         self.durable(commit).await?;
         Ok(Written { scope, op: ZERO, root: None, first_event_seq: None, key_id: None })
@@ -245,9 +245,17 @@ impl Author {
         self.ingest.send(w).await.map_err(|_| stopped())
     }
 
+    /// A request to the orderer itself (`PipelineState::direct`).
+    fn direct(&self, w: Work) -> Result<(), WriteError> {
+        self.pipeline.direct.try_send(w).map_err(|e| match e {
+            crossbeam_channel::TrySendError::Full(_) => WriteError::Unavailable("the node's queue of writes is full; retry".into()),
+            crossbeam_channel::TrySendError::Disconnected(_) => stopped(),
+        })
+    }
+
     async fn draft(&self, scope: Hash, plane: u8, actions: Vec<Action>) -> Result<Drafted, WriteError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Work::Draft(DraftRequest { scope, plane, actions, reply: tx })).await?;
+        self.direct(Work::Draft(DraftRequest { scope, plane, actions, reply: tx }))?;
         Ok(rx.await.map_err(|_| stopped())??)
     }
 
@@ -255,7 +263,7 @@ impl Author {
     /// state it was drafted on): its turn goes back to the scope.
     async fn release(&self, d: Drafted, e: WriteError) -> Result<Written, WriteError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Work::Undraft { scope: d.draft.scope, plane: d.draft.plane, reply: tx }).await?;
+        self.direct(Work::Undraft { scope: d.draft.scope, plane: d.draft.plane, reply: tx })?;
         let _ = rx.await;
         Err(e)
     }
@@ -300,7 +308,7 @@ impl Author {
     /// Sends a delivery; the commit that keeps it.
     async fn deliver(&self, kd: KeyDelivery) -> Result<u64, WriteError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Work::Deliver { kd, reply: Some(tx) }).await?;
+        self.direct(Work::Deliver { kd, reply: Some(tx) })?;
         rx.await.map_err(|_| stopped())
     }
 

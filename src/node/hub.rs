@@ -300,6 +300,22 @@ mod tests {
         assert!(queued < SUBSCRIBER_QUEUE_EVENTS_MAX);
     }
 
+    /// A removal ends the subscriptions of keys no longer members, not
+    /// those of the members nor the node's own application's (no key).
+    #[test]
+    fn a_revocation_spares_members_and_the_application() {
+        let hub = Hub::new([], HashSet::new());
+        let mut removed = hub.subscribe([1; 32], Some([3; 32]), 1).unwrap();
+        let mut member = hub.subscribe([1; 32], Some([4; 32]), 2).unwrap();
+        let mut application = hub.subscribe([1; 32], None, 3).unwrap();
+        assert_eq!(hub.revoke(&[1; 32], &[[4; 32]]), 1);
+        hub.dispatch(&[event(1, 8)]);
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        assert!(rt.block_on(removed.live.recv()).is_none(), "the removed key's subscription ended");
+        assert!(rt.block_on(member.live.recv()).is_some());
+        assert!(rt.block_on(application.live.recv()).is_some());
+    }
+
     /// Past a connection's bound, and past a key's over several
     /// connections, a subscription is refused with that reason; a released
     /// one frees its place.

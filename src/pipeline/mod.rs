@@ -167,6 +167,11 @@ impl Batch {
 const ORDER_QUEUE_BATCHES: usize = 128;
 const ORDER_QUEUE_BYTES_MAX: u64 = 32 << 20;
 
+/// Requests of the node's API queued for the orderer (`PipelineState::
+/// direct`): at most one per write in progress (`node::author::
+/// WRITES_IN_PROGRESS_MAX`), with room to spare; past it the API says busy.
+const DIRECT_QUEUE_ITEMS: usize = 8192;
+
 /// Commits built and not yet taken by the committer, at most (see `start`).
 const COMMIT_SLOTS: usize = 2;
 
@@ -268,6 +273,11 @@ pub struct PipelineState {
     pub durable_commits: AtomicU64,
     /// The same, for those who wait on it (the answers of the node's API).
     pub durable: tokio::sync::watch::Sender<u64>,
+    /// The node's API's requests to the orderer itself (`Work::Draft`,
+    /// `Undraft`, `Follow`, `Deliver`): they carry no signature to verify,
+    /// so they skip the stages before it (and their batching linger). The
+    /// ops the API authors go through the ingest like any other.
+    pub direct: crossbeam_channel::Sender<Work>,
     /// The replica of the governance index the authorizer judges with: every
     /// accepted governance op, inserted by the orderer before its commit is
     /// durable, so `G` at any durable status's heads can be computed from
@@ -307,6 +317,7 @@ impl Pipeline {
                 k.insert(crate::protocol::crypto::key_id_of(&key), key);
             }
         }
+        let (direct_tx, direct_rx) = bounded::<Work>(DIRECT_QUEUE_ITEMS);
         let shared = Arc::new(PipelineState {
             status: RwLock::new(BTreeMap::new()),
             refusing: AtomicBool::new(false),
@@ -319,6 +330,7 @@ impl Pipeline {
             divergences_heartbeat: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
             durable: tokio::sync::watch::Sender::new(0),
+            direct: direct_tx,
             governance: gov_replica.clone(),
         });
         {
@@ -376,7 +388,7 @@ impl Pipeline {
         threads.push(spawn(
             "dagfold-orderer",
             Box::new(move || {
-                let o = orderer::OrdererIo { gov: gov_replica, keyring, probes, outcomes, gate: order_gate.clone() };
+                let o = orderer::OrdererIo { gov: gov_replica, keyring, probes, outcomes, gate: order_gate.clone(), direct: direct_rx };
                 orderer::run(&mut engine, order_rx, project_tx, sh, o, commit_ops_max, tick_ms);
                 order_gate.close();
             }),

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use metrics::{counter, gauge, histogram};
 
 use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
@@ -31,6 +31,26 @@ pub(super) struct OrdererIo {
     pub(super) outcomes: Option<Arc<dyn HostOutcomes>>,
     /// The byte budget of the orderer's input queue.
     pub(super) gate: Arc<gate::ByteGate>,
+    /// The API's requests to the orderer (`PipelineState::direct`).
+    pub(super) direct: Receiver<Work>,
+}
+
+/// What a wait for input brought.
+enum Input {
+    Batch(Batch),
+    Direct(Work),
+    Timeout,
+    Closed,
+}
+
+/// The next batch from the stages before, or request from the API, within
+/// `wait`.
+fn next_input(rx: &Receiver<Batch>, direct: &Receiver<Work>, wait: Duration) -> Input {
+    crossbeam_channel::select! {
+        recv(rx) -> b => b.map_or(Input::Closed, Input::Batch),
+        recv(direct) -> w => w.map_or(Input::Timeout, Input::Direct),
+        default(wait) => Input::Timeout,
+    }
 }
 
 pub(super) fn run(
@@ -42,7 +62,7 @@ pub(super) fn run(
     commit_ops_max: usize,
     tick_ms: u64,
 ) {
-    let OrdererIo { gov, keyring, probes, outcomes, gate } = io;
+    let OrdererIo { gov, keyring, probes, outcomes, gate, direct } = io;
     let mut hosts: crate::core::IdMap<std::net::IpAddr, (u32, u32)> = Default::default();
     let mut conns: HashMap<Hash, ConnId> = HashMap::new();
     let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
@@ -77,14 +97,19 @@ pub(super) fn run(
             let idle = policy.idle(items_in_commit, cascaded);
             let wait = policy.input_wait(items_in_commit, cascaded);
             let t_recv = Instant::now();
-            let got = rx.recv_timeout(wait);
+            let got = next_input(&rx, &direct, wait);
             waited_input.increment(t_recv.elapsed());
             if idle {
                 // The step's time (the "order" stage) starts with its work.
                 t = Instant::now();
             }
             match got {
-                Ok(batch) => {
+                Input::Direct(work) => {
+                    items_in_commit += 1;
+                    let mut at = ItemState { conns: &mut conns, hosts: &mut hosts, heartbeats: &mut heartbeats, authoring: &mut authoring };
+                    handle_item(engine, Item { work, valid: false, pre: Default::default() }, &shared, &mut at);
+                }
+                Input::Batch(batch) => {
                     note_age("order", batch.received);
                     gate.release(batch.bytes());
                     last_received = last_received.min(batch.received);
@@ -94,8 +119,8 @@ pub(super) fn run(
                         handle_item(engine, item, &shared, &mut at);
                     }
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
+                Input::Timeout => {}
+                Input::Closed => {
                     open = false;
                     break;
                 }
