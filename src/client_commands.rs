@@ -191,6 +191,10 @@ pub enum ClientCommand {
         /// The first event's sequence number (1: the whole history).
         #[arg(long, default_value_t = 1)]
         from: u64,
+        /// Exit after printing this many events (without it: run until
+        /// stopped).
+        #[arg(long)]
+        max_events: Option<u64>,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -327,17 +331,20 @@ pub fn run(cmd: ClientCommand) -> Result<(), CommandError> {
             let after = after_hex.map(|h| bytes_arg("--after-hex", &h, true)).transpose()?;
             json(api.client()?.list_items(&scope, &entity, after.as_deref(), limit)?)
         }
-        ClientCommand::Events { scope, from, api } => return follow_events(&api.client()?, &scope, from),
+        ClientCommand::Events { scope, from, max_events, api } => {
+            return follow_events(&api.client()?, &scope, from, max_events.unwrap_or(u64::MAX))
+        }
     };
     println!("{answer}");
     Ok(())
 }
 
-/// Prints each event as a line, flushed, until the stream ends with an
-/// error or standard output closes (then quietly: a reader went away).
-fn follow_events(client: &Client, scope: &str, from: u64) -> Result<(), CommandError> {
+/// Prints each event as a line, flushed, until `max_events` are printed,
+/// the stream ends with an error or standard output closes (then quietly:
+/// a reader went away).
+fn follow_events(client: &Client, scope: &str, from: u64, max_events: u64) -> Result<(), CommandError> {
     let mut out = std::io::stdout().lock();
-    for event in client.events(scope, from) {
+    for event in client.events(scope, from).take(usize::try_from(max_events).unwrap_or(usize::MAX)) {
         let line = json(event?);
         if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
             return Ok(());
