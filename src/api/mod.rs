@@ -46,11 +46,13 @@ use crate::protocol::Hash;
 /// wait in the kernel's backlog.
 pub const API_CONNECTIONS_MAX: usize = 256;
 
-/// Requests handled at once over all connections (a response's body, an
-/// event stream's included, is sent after): the handlers' store reads run
-/// on tokio's blocking pool, and this keeps a burst from queueing more of
-/// them than a 2-core node works through at once. Past it a request waits
-/// for a turn (tower's concurrency limit), it is not refused.
+/// Reads handled at once over all connections (a response's body is sent
+/// after): their store reads run on tokio's blocking pool, and this keeps a
+/// burst from queueing more of them than a 2-core node works through at
+/// once. Past it a read waits for a turn (tower's concurrency limit), it is
+/// not refused. Writes, which mostly wait for their commit, are bounded by
+/// `node::author::WRITES_IN_PROGRESS_MAX` instead, event streams by
+/// `API_EVENT_STREAMS_MAX`.
 pub const API_REQUESTS_CONCURRENT_MAX: usize = 32;
 
 /// Time for a request's head to arrive once its connection is open or its
@@ -296,7 +298,7 @@ pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError>
 pub fn router(state: Arc<ApiState>) -> Router {
     // Each module's authenticated routes join here, behind the token.
     let authenticated = Router::new()
-        .merge(reads::routes())
+        .merge(reads::routes().layer(tower::limit::GlobalConcurrencyLimitLayer::new(API_REQUESTS_CONCURRENT_MAX)))
         .merge(events::routes())
         .merge(writes::routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
@@ -429,9 +431,7 @@ pub fn load_or_create_token(path: &Path) -> std::io::Result<String> {
 /// drops), then lets the connections finish for up to `API_DRAIN_MS`.
 pub async fn serve(listener: TcpListener, state: Arc<ApiState>, mut shutdown: watch::Receiver<bool>) {
     use hyper_util::rt::{TokioIo, TokioTimer};
-    let service = tower::ServiceBuilder::new()
-        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(API_REQUESTS_CONCURRENT_MAX))
-        .service(router(state));
+    let service = router(state);
     let slots = Arc::new(Semaphore::new(API_CONNECTIONS_MAX));
     let mut connections = tokio::task::JoinSet::new();
     let stop = async move {
