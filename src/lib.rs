@@ -7,6 +7,7 @@ pub mod api;
 pub mod clock;
 #[cfg(feature = "rocksdb-store")]
 pub mod cli;
+#[cfg(feature = "rocksdb-store")]
 pub mod client;
 #[cfg(feature = "rocksdb-store")]
 pub mod client_commands;
