@@ -77,6 +77,7 @@ pub struct Written {
 /// The node's authoring side, shared by the API's handlers.
 pub struct Author {
     identity: Identity,
+    signer: crate::protocol::sig::Signer,
     ingest: mpsc::Sender<Work>,
     pipeline: Arc<PipelineState>,
     permits: Arc<Semaphore>,
@@ -84,7 +85,8 @@ pub struct Author {
 
 impl Author {
     pub fn new(identity: Identity, ingest: mpsc::Sender<Work>, pipeline: Arc<PipelineState>) -> Self {
-        Author { identity, ingest, pipeline, permits: Arc::new(Semaphore::new(WRITES_IN_PROGRESS_MAX)) }
+        let signer = crate::protocol::sig::Signer::new(&identity.seed);
+        Author { identity, signer, ingest, pipeline, permits: Arc::new(Semaphore::new(WRITES_IN_PROGRESS_MAX)) }
     }
 
     /// Runs a write in a task of its own, bounded by `WRITES_IN_PROGRESS_MAX`
@@ -289,11 +291,14 @@ impl Author {
         (id, op, bytes)
     }
 
+    /// Signs `op` in place; its encoding (the signature is its last 64
+    /// bytes, SPEC §3) and id.
     fn sign(&self, op: &mut Op) -> (Vec<u8>, Hash) {
         op.signature = [0; 64];
-        let (_, id) = encode_op(op);
-        op.signature = crate::protocol::sig::sign(&self.identity.seed, &id);
-        let (bytes, _) = encode_op(op);
+        let (mut bytes, id) = encode_op(op);
+        op.signature = self.signer.sign(&id);
+        let at = bytes.len() - 64;
+        bytes[at..].copy_from_slice(&op.signature);
         (bytes, id)
     }
 

@@ -22,8 +22,9 @@ use crate::protocol::{Hash, PLANE_DATA};
 
 /// Data drafts out at once per scope. Each op out while others are applied
 /// adds a data head; 16 leaves room for as many heads from other writers
-/// within SPEC §7's 32 parents, and at ~2 ms from draft to apply it allows
-/// ~8,000 authored ops/s per scope (`tools/bench api_writes`).
+/// within SPEC §7's 32 parents. It is not what binds `tools/bench
+/// api_writes` on 2 cores (2026-12-04: 24 gave the same ~5,000 ops/s within
+/// noise; the node's CPU per write is, docs/PERFORMANCE.md).
 pub const DRAFTS_OUT_PER_SCOPE_MAX: u32 = 16;
 
 /// Requests waiting for a draft, over all scopes: past this a request is

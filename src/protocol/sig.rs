@@ -35,7 +35,7 @@ use curve25519_dalek::constants::ED25519_BASEPOINT_POINT;
 use curve25519_dalek::edwards::{CompressedEdwardsY, EdwardsPoint};
 use curve25519_dalek::scalar::Scalar;
 use curve25519_dalek::traits::{IsIdentity, VartimeMultiscalarMul};
-use ed25519_dalek::{Signer, SigningKey};
+use ed25519_dalek::{Signer as _, SigningKey};
 use sha2::{Digest, Sha512};
 
 use super::decompress;
@@ -167,6 +167,22 @@ fn batch_entries<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> (Vec<Entr
 /// and tests.
 pub fn sign(seed: &[u8; 32], message: &[u8; 32]) -> [u8; 64] {
     SigningKey::from_bytes(seed).sign(message).to_bytes()
+}
+
+/// A signing key kept expanded, for a node that signs many ops (its API's
+/// writes): `sign` above derives the public key again on every call, a
+/// second scalar multiplication as costly as the signature's own.
+pub struct Signer(SigningKey);
+
+impl Signer {
+    pub fn new(seed: &[u8; 32]) -> Signer {
+        Signer(SigningKey::from_bytes(seed))
+    }
+
+    /// The signature of RFC 8032 on a 32-byte message, as `sign` makes it.
+    pub fn sign(&self, message: &[u8; 32]) -> [u8; 64] {
+        self.0.sign(message).to_bytes()
+    }
 }
 
 /// The Ed25519 public key of a 32-byte seed (RFC 8032).
