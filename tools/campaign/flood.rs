@@ -873,8 +873,7 @@ async fn connections_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     for w in 0..96 {
         let (ep, ctx, attempts, outcome, frame) = (eps[w % 4].clone(), ctx.clone(), attempts.clone(), outcome.clone(), frame.clone());
         tasks.push(tokio::spawn(async move {
-            loop {
-                let Some(i) = ctx.next_unit(&attempts, planned) else { break };
+            while let Some(i) = ctx.next_unit(&attempts, planned) {
                 let r = connect(&ep, ctx.node).await;
                 let key = match r {
                     Ok(conn) => {
@@ -1224,8 +1223,7 @@ async fn heartbeats_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     for _ in 0..48 {
         let (eps, frames, ctx, attempts, counts) = (eps.clone(), frames.clone(), ctx.clone(), attempts.clone(), counts.clone());
         tasks.push(tokio::spawn(async move {
-            loop {
-                let Some(i) = ctx.next_unit(&attempts, planned) else { break };
+            while let Some(i) = ctx.next_unit(&attempts, planned) {
                 let who = (i % 3) as usize;
                 let ep = &eps[(i / 3 % HOSTS as u64) as usize * 3 + who];
                 let outcome = match connect(ep, ctx.node).await {
