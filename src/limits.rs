@@ -26,6 +26,13 @@ pub const BUFFERED_BYTES_PER_SCOPE_MAX: u64 = 64 << 20;
 pub const BUFFERED_OPS_TOTAL_MAX: u64 = 400_000;
 pub const BUFFERED_BYTES_TOTAL_MAX: u64 = 256 << 20;
 
+/// Heads-we-lack notes (from heartbeats) kept at most, the oldest dropped
+/// as a note is added: each is up to 128 ids, so ~4 MiB in all. Bounded
+/// where notes are added, not where a peer link takes them: with no peer
+/// link up (no peer configured, or none reachable), a member's heartbeats
+/// naming heads the node lacks would otherwise grow them without bound.
+pub const LACKING_NOTES_MAX: usize = 1024;
+
 /// SPEC §6 step 4: the default in-memory key wait of a data op.
 pub const DATA_KEY_WAIT_MS_DEFAULT: u64 = 3_000;
 

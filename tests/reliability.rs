@@ -184,6 +184,23 @@ fn flood_sync_requests_short() {
     campaign(&["flood", "--short", "--kind", "sync"]);
 }
 
+/// Forged heartbeats (maximal: 128 scopes × 2 × 64 random heads, naming
+/// the node's scopes and random ones) from 300 connections, anonymous, from
+/// stranger keys and from a member's key: every scope beat of the anonymous
+/// and the strangers refused and counted by reason, the member's heard but
+/// the heads-we-lack notes within their bound, and a real peer (configured
+/// by key) converging with the node while the flood runs.
+#[test]
+fn flood_heartbeats_short() {
+    let _g = serial();
+    let r = campaign(&["flood", "--short", "--kind", "heartbeats", "--valid-ops", "4000", "--preload-ops", "3000", "--timeout-s", "120"]);
+    let run = &r["kinds"]["heartbeats"]["flood"];
+    assert_eq!(run["peer"]["converged"], true);
+    let f = &run["flood"];
+    assert!(f["refused_counted"]["anonymous"].as_f64().unwrap() >= f["refused_expected"]["anonymous"].as_f64().unwrap());
+    assert!(f["lacking_notes_max"].as_f64().unwrap() <= dagfold::limits::LACKING_NOTES_MAX as f64);
+}
+
 /// A full disk: a 64 MiB tmpfs filled up to 768 KiB (needs mount
 /// permission; without it, the campaign falls back to a write error and
 /// says so in its notes). The node refuses with a log line and the

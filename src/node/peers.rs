@@ -31,8 +31,7 @@ pub const SYNC_TIMEOUT_MS: u64 = 10_000;
 /// Redial backoff bounds.
 pub const REDIAL_MS_MIN: u64 = 100;
 pub const REDIAL_MS_MAX: u64 = 5_000;
-/// Heads-we-lack notes kept at most (the oldest are dropped).
-pub const LACKING_NOTES_MAX: usize = 1024;
+pub use crate::limits::LACKING_NOTES_MAX;
 /// While any op waits for a key, how often each peer is asked again for
 /// the deliveries it made to this node (`KeysRequest`); it is asked once on
 /// every connection too.
@@ -249,8 +248,6 @@ fn sync_requests(addr: SocketAddr, shared: &NodeShared) -> Vec<SyncRequest> {
     };
     {
         let mut lacking = shared.pipeline.lacking.lock().unwrap();
-        let excess = lacking.len().saturating_sub(LACKING_NOTES_MAX);
-        lacking.drain(..excess);
         let mut i = 0;
         while i < lacking.len() {
             if lacking[i].0 == addr {
@@ -264,6 +261,7 @@ fn sync_requests(addr: SocketAddr, shared: &NodeShared) -> Vec<SyncRequest> {
                 i += 1;
             }
         }
+        metrics::gauge!("dagfold_lacking_notes").set(lacking.len() as f64);
     }
     let wanted = shared.pipeline.wanted.lock().unwrap().clone();
     if !wanted.is_empty() {

@@ -297,7 +297,11 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
             let lacking: Vec<Hash> =
                 heads.iter().filter(|h| engine.op_state(h) == crate::core::OpState::Unknown).copied().collect();
             if !lacking.is_empty() {
-                shared.lacking.lock().unwrap().push((peer, scope, lacking));
+                let mut notes = shared.lacking.lock().unwrap();
+                notes.push((peer, scope, lacking));
+                let excess = notes.len().saturating_sub(crate::limits::LACKING_NOTES_MAX);
+                notes.drain(..excess);
+                gauge!("dagfold_lacking_notes").set(notes.len() as f64);
             } else if let Some(st) = engine.status(&scope) {
                 let mut theirs = heads.clone();
                 theirs.sort();

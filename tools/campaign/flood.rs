@@ -19,7 +19,12 @@
 //!   reading, then comes back to find its `Lagged`), on the valid scope and
 //!   on the quiet preloaded one;
 //! - `sync`: `SyncRequest`s for the whole preloaded scope in a tight loop,
-//!   most read to the end, some abandoned.
+//!   most read to the end, some abandoned;
+//! - `heartbeats`: forged heartbeats (128 scopes × 2 × 64 random heads,
+//!   naming the node's scopes and random ones) from connection after
+//!   connection, anonymous, from stranger keys and from a member's key,
+//!   while a real peer (configured by key on both sides) syncs from the
+//!   node and must converge with it.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -36,18 +41,20 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 use crate::check::{identity_from, seed_identity};
-use crate::proc::{metric_in, run_tool, wait_until, Bins, NodeProc, RssSampler};
+use crate::proc::{free_port, loopback, metric_in, run_tool, wait_until, Bins, NodeProc, RssSampler};
+use dagfold::core::Identity;
+use dagfold::limits::LACKING_NOTES_MAX;
 
 /// Where the valid load is sent from: another loopback address than the
 /// flood's, so that the node sees two origins, as it would two hosts.
 const VALID_SENDER_BIND: &str = "127.0.0.2:0";
 
-pub const KINDS: [&str; 7] = ["orphans", "garbage", "stall", "connections", "subscribers", "sync", "clean"];
+pub const KINDS: [&str; 8] = ["orphans", "garbage", "stall", "connections", "subscribers", "sync", "heartbeats", "clean"];
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct FloodArgs {
     /// Comma-separated kinds: orphans, garbage, stall, connections,
-    /// subscribers, sync; or `all`.
+    /// subscribers, sync, heartbeats; or `all`.
     #[arg(long, default_value = "all")]
     pub kind: String,
     /// The test suite's sizes instead of the campaign's.
@@ -76,6 +83,9 @@ pub struct FloodArgs {
     /// Sync requests at least [default: 400; short 40].
     #[arg(long)]
     pub syncs: Option<usize>,
+    /// Connections sending forged heartbeats at least [default: 10000; short 300].
+    #[arg(long)]
+    pub heartbeat_connections: Option<usize>,
     /// The node's RSS must stay below this (MiB).
     #[arg(long, default_value_t = 1536)]
     pub rss_max_mb: u64,
@@ -92,6 +102,7 @@ struct Sizes {
     subscribers: usize,
     garbage: usize,
     syncs: usize,
+    heartbeats: usize,
 }
 
 impl Sizes {
@@ -105,6 +116,7 @@ impl Sizes {
             subscribers: a.subscribers.unwrap_or(if s { 12 } else { 100 }),
             garbage: a.garbage.unwrap_or(if s { 2_000 } else { 20_000 }),
             syncs: a.syncs.unwrap_or(if s { 40 } else { 400 }),
+            heartbeats: a.heartbeat_connections.unwrap_or(if s { 300 } else { 10_000 }),
         }
     }
 }
@@ -147,6 +159,8 @@ struct Ctx {
     orphans: Arc<Vec<Vec<u8>>>,
     sizes: Arc<Sizes>,
     seed: u64,
+    /// The signing seed of the scopes' author (a member of both).
+    member_seed: [u8; 32],
     stop: Arc<AtomicBool>,
     /// Units of flood done (frames, connections, requests...).
     progress: Arc<AtomicU64>,
@@ -159,6 +173,18 @@ struct Ctx {
 impl Ctx {
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
+    }
+    /// The next unit of flood to do, from `counter`; once `planned` are
+    /// taken the planned amount is done, and none is given once stopped.
+    fn next_unit(&self, counter: &AtomicU64, planned: u64) -> Option<u64> {
+        let i = counter.fetch_add(1, Ordering::Relaxed);
+        if i >= planned {
+            self.planned_done.store(true, Ordering::Relaxed);
+            if self.stopped() {
+                return None;
+            }
+        }
+        Some(i)
     }
     fn metric(&self, name: &str, label: Option<&str>) -> f64 {
         dagfold::testkit::http_get(self.admin, "/metrics", Duration::from_secs(5))
@@ -222,7 +248,7 @@ fn make_orphans(n: usize, seed: u64) -> Vec<Vec<u8>> {
 pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json::Value> {
     let sz = Arc::new(Sizes::of(a));
     let kinds: Vec<String> = if a.kind == "all" {
-        ["orphans", "garbage", "stall", "connections", "subscribers", "sync"].iter().map(|s| s.to_string()).collect()
+        ["orphans", "garbage", "stall", "connections", "subscribers", "sync", "heartbeats"].iter().map(|s| s.to_string()).collect()
     } else {
         a.kind.split(',').map(|s| s.trim().to_string()).collect()
     };
@@ -235,21 +261,24 @@ pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
     let id = identity_from(a.seed, "flood");
     let template = work.join("template");
     seed_identity(&template, &id)?;
+    // The heartbeats kind's real peer gets the scopes' keys too (an extra
+    // recipient), so that it can apply what it syncs and show the roots.
+    let peer_id = identity_from(a.seed, PEER_LABEL);
+    let extra = if kinds.iter().any(|k| k == "heartbeats") {
+        vec!["--extra-recipient".to_string(), format!("{}:{}", hex::encode(peer_id.public_key), hex::encode(peer_id.kem_public))]
+    } else {
+        Vec::new()
+    };
     let file_of = |name: &str, ops: usize, seed: u64| -> anyhow::Result<serde_json::Value> {
         let path = work.join(format!("{name}.frames"));
-        let mut v = crate::proc::loadgen_file(bins, work, &format!("loadgen-file-{name}"), &path, &id, ops, seed, &[])?;
+        let mut v = crate::proc::loadgen_file(bins, work, &format!("loadgen-file-{name}"), &path, &id, ops, seed, &extra)?;
         v["path"] = json!(path.display().to_string());
         Ok(v)
     };
     eprintln!("flood campaign: generating the preloaded and the valid scopes");
     let quiet = file_of("preload", sz.preload, a.seed * 2 + 1)?;
     let valid = file_of("valid", sz.valid, a.seed * 2 + 2)?;
-    let import = std::process::Command::new(&bins.dagfold)
-        .args(["import", "--data-dir", &template.display().to_string(), quiet["path"].as_str().unwrap()])
-        .output()?;
-    if !import.status.success() {
-        return Err(anyhow!("import of the preloaded scope failed: {}", String::from_utf8_lossy(&import.stderr)));
-    }
+    import(bins, &template, Path::new(quiet["path"].as_str().unwrap()))?;
     let quiet_scope = h32(quiet["scope"].as_str().unwrap());
     let orphans = Arc::new(if kinds.iter().any(|k| k == "orphans") {
         eprintln!("flood campaign: signing {} orphans", sz.orphans);
@@ -270,7 +299,7 @@ pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             eprintln!("flood campaign: {kind}: {label} run");
             let dir = work.join(format!("{kind}-{label}"));
             copy_dir(&template, &dir).map_err(|e| anyhow!("copying the template store: {e}"))?;
-            let r = one_run(a, bins, work, kind, flooded, &dir, &sz, &valid, quiet_scope, &orphans);
+            let r = one_run(a, bins, work, kind, flooded, &dir, &sz, &valid, quiet_scope, &orphans, &id);
             match r {
                 Ok(v) => runs.push(v),
                 Err(e) => {
@@ -307,6 +336,7 @@ pub fn run(a: &FloodArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
         "sizes": {
             "valid_ops": sz.valid, "preload_ops": sz.preload, "orphans": sz.orphans, "connections": sz.connections,
             "subscribers": sz.subscribers, "garbage": sz.garbage, "syncs": sz.syncs,
+            "heartbeat_connections": sz.heartbeats,
         },
         "kinds": results,
         "problems": problems,
@@ -326,10 +356,21 @@ fn one_run(
     valid: &serde_json::Value,
     quiet_scope: Hash,
     orphans: &Arc<Vec<Vec<u8>>>,
+    id: &Identity,
 ) -> anyhow::Result<serde_json::Value> {
     let label = if flooded { "flood" } else { "clean" };
-    let mut node = NodeProc::new(&format!("{kind}-{label}"), &bins.dagfold, dir, &work.join(format!("{kind}-{label}.log")), &node_flags(kind, sz));
+    let listen = loopback(free_port());
+    let mut flags = node_flags(kind, sz);
+    let mut peer = None;
+    if kind == "heartbeats" {
+        let (p, flag) = start_peer(bins, work, label, id, listen, a.seed)?;
+        flags.extend(["--peer".to_string(), flag]);
+        peer = Some(p);
+    }
+    let log = work.join(format!("{kind}-{label}.log"));
+    let mut node = NodeProc::at(&format!("{kind}-{label}"), &bins.dagfold, dir, &log, listen, loopback(free_port()), &flags);
     node.start(Duration::from_secs(60))?;
+    let t_start = Instant::now();
     let pid = node.pid().unwrap();
     let quiet_heads: Vec<Hash> = node
         .scope(&quiet_scope)
@@ -344,6 +385,7 @@ fn one_run(
         orphans: orphans.clone(),
         sizes: sz.clone(),
         seed: a.seed,
+        member_seed: id.seed,
         stop: Arc::new(AtomicBool::new(false)),
         progress: Arc::new(AtomicU64::new(0)),
         planned_done: Arc::new(AtomicBool::new(false)),
@@ -400,6 +442,11 @@ fn one_run(
     let valid_s = t_valid.elapsed().as_secs_f64();
     let progress_during_valid = ctx.progress.load(Ordering::Relaxed);
     let mut problems = Vec::new();
+    // The real peer must converge with the node while the flood goes on.
+    let peer_report = peer.as_ref().map(|p| peer_converged(&node, p, &[quiet_scope, ctx.valid_scope], t_start, a.timeout_s));
+    if let Some(r) = &peer_report {
+        problems.extend(r["problems"].as_array().into_iter().flatten().map(|x| x.as_str().unwrap_or_default().to_string()));
+    }
     let flood_report = match flood {
         Some(h) => {
             // The flood does at least its planned amount, then stops.
@@ -463,11 +510,25 @@ fn one_run(
         "sync_requests_served": m("dagfold_sync_requests_served_total"),
         "sync_ops_served": m("dagfold_sync_ops_served_total"),
         "gossip_dropped": m("dagfold_gossip_dropped_total"),
+        "heartbeats_received": m("dagfold_heartbeats_received_total"),
+        "heartbeat_scopes_refused": heartbeat_refused(&metrics, None),
+        "lacking_notes": m("dagfold_lacking_notes"),
+        "divergences": m("dagfold_divergences_total"),
         "refused_while_failed": m("dagfold_refused_while_failed_total"),
     });
+    if kind == "heartbeats" {
+        let divergences = m("dagfold_divergences_total");
+        if divergences > 0.0 {
+            problems.push(format!("{divergences} divergences counted by the node"));
+        }
+    }
     node.stop(Duration::from_secs(30));
+    if let Some(mut p) = peer {
+        p.stop(Duration::from_secs(30));
+    }
     Ok(json!({
         "kind": kind,
+        "peer": peer_report,
         "flooded": flooded,
         "valid": valid_report.as_ref().ok(),
         "valid_wall_s": valid_s,
@@ -489,6 +550,7 @@ async fn flood(kind: &str, ctx: Ctx) -> serde_json::Value {
         "connections" => connections_flood(&ctx).await,
         "subscribers" => subscribers_flood(&ctx).await,
         "sync" => sync_flood(&ctx).await,
+        "heartbeats" => heartbeats_flood(&ctx).await,
         _ => Ok(json!({})),
     };
     ctx.planned_done.store(true, Ordering::Relaxed);
@@ -811,14 +873,7 @@ async fn connections_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     for w in 0..96 {
         let (ep, ctx, attempts, outcome, frame) = (eps[w % 4].clone(), ctx.clone(), attempts.clone(), outcome.clone(), frame.clone());
         tasks.push(tokio::spawn(async move {
-            loop {
-                let i = attempts.fetch_add(1, Ordering::Relaxed);
-                if i >= planned {
-                    ctx.planned_done.store(true, Ordering::Relaxed);
-                    if ctx.stopped() {
-                        break;
-                    }
-                }
+            while let Some(i) = ctx.next_unit(&attempts, planned) {
                 let r = connect(&ep, ctx.node).await;
                 let key = match r {
                     Ok(conn) => {
@@ -1034,5 +1089,224 @@ async fn sync_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
     Ok(json!({
         "requests": requests.load(Ordering::Relaxed), "replies_completed": done_replies.load(Ordering::Relaxed),
         "ops_received": ops_received.load(Ordering::Relaxed), "served_counted": served, "problems": problems,
+    }))
+}
+
+/// Imports a frames file into the store at `dir` (`dagfold import`).
+fn import(bins: &Bins, dir: &Path, frames: &Path) -> anyhow::Result<()> {
+    let out = std::process::Command::new(&bins.dagfold)
+        .args(["import", "--data-dir", &dir.display().to_string(), &frames.display().to_string()])
+        .output()?;
+    if !out.status.success() {
+        return Err(anyhow!("import of {} failed: {}", frames.display(), String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(())
+}
+
+/// The heartbeats kind's real peer's identity (`identity_from`).
+const PEER_LABEL: &str = "flood-peer";
+
+/// The heartbeats kind's real peer: a node of its own identity, on its own
+/// loopback address (127.0.0.3), configured by key with the flooded node at
+/// `node_listen` (which is told of it by the returned `--peer` value),
+/// holding the preloaded scope (imported: a key delivery is never synced,
+/// and the node only gossips the valid scope's, which it receives): it gets
+/// the valid scope from the node by gossip and sync while the flood runs.
+fn start_peer(bins: &Bins, work: &Path, label: &str, node_id: &Identity, node_listen: SocketAddr, seed: u64) -> anyhow::Result<(NodeProc, String)> {
+    let me = identity_from(seed, PEER_LABEL);
+    let name = format!("heartbeats-peer-{label}");
+    let dir = work.join(&name);
+    seed_identity(&dir, &me)?;
+    import(bins, &dir, &work.join("preload.frames"))?;
+    let listen = SocketAddr::from(([127, 0, 0, 3], free_port()));
+    let flags = ["--peer".to_string(), format!("{}@{node_listen}", hex::encode(node_id.public_key))];
+    let mut p = NodeProc::at(&name, &bins.dagfold, &dir, &work.join(format!("{name}.log")), listen, loopback(free_port()), &flags);
+    p.start(Duration::from_secs(60))?;
+    Ok((p, format!("{}@{listen}", hex::encode(me.public_key))))
+}
+
+/// Waits (the flood still running) until `peer` shows the node's roots of
+/// `scopes`; then neither may have counted a divergence.
+fn peer_converged(node: &NodeProc, peer: &NodeProc, scopes: &[Hash], t_start: Instant, timeout_s: u64) -> serde_json::Value {
+    // Same root; or, where the peer lacks the scope's key (the node does not
+    // pass on a key delivery it received, and the valid scope's reaches the
+    // peer no other way), every op the node applied held by the peer.
+    let n = |v: &serde_json::Value, f: &str| v[f].as_u64().unwrap_or(0);
+    let held = |s: &Hash| match (node.scope(s), peer.scope(s)) {
+        (Some(a), Some(b)) if a["root"] == b["root"] => "root",
+        (Some(a), Some(b)) if n(&a, "pending") == 0
+            && n(&b, "applied") + n(&b, "pending") + n(&b, "key_waiting") + n(&b, "data_key_waiting") >= n(&a, "applied") => "ops",
+        _ => "",
+    };
+    let converged = wait_until(Duration::from_secs(timeout_s), || scopes.iter().all(|s| !held(s).is_empty()));
+    let how: Vec<&str> = scopes.iter().map(held).collect();
+    let mut problems = Vec::new();
+    if !converged {
+        problems.push(format!("the real peer did not converge with the node in {timeout_s} s: {}", peer.log_tail(5)));
+    }
+    let divergences = peer.metric("dagfold_divergences_total").unwrap_or(0.0);
+    if divergences > 0.0 {
+        problems.push(format!("{divergences} divergences counted by the real peer"));
+    }
+    json!({
+        "converged": converged, "converged_by": how, "converged_after_start_s": t_start.elapsed().as_secs_f64(),
+        "sync_ops_received": peer.metric("dagfold_sync_ops_received_total"), "divergences": divergences, "problems": problems,
+    })
+}
+
+/// Heartbeat scopes refused (`dagfold_requests_refused_total{request="heartbeat"}`), for one reason or all.
+fn heartbeat_refused(metrics: &str, reason: Option<&str>) -> f64 {
+    let lines: String = metrics.lines().filter(|l| l.contains("request=\"heartbeat\"")).map(|l| format!("{l}\n")).collect();
+    metric_in(&lines, "dagfold_requests_refused_total", reason.map(|r| format!("reason=\"{r}\"")).as_deref())
+}
+
+/// Who a forged heartbeat's connection says it is: no key, a stranger's
+/// key, the scopes' member's key.
+const FORGERS: [&str; 3] = ["anonymous", "stranger", "member"];
+/// Of a forged heartbeat's `HEARTBEAT_SCOPES_MAX` scopes, one in this many
+/// is one of the node's (alternately), the others random.
+const FORGED_REAL_EVERY: usize = 4;
+
+/// A maximal heartbeat: `HEARTBEAT_SCOPES_MAX` scopes, every fourth one of
+/// `real`, the others random, each with `HEARTBEAT_HEADS_MAX` random
+/// governance and data heads (which the node lacks).
+fn forged_heartbeat(rng: &mut rand::rngs::StdRng, real: &[Hash; 2]) -> Vec<u8> {
+    let heads = |rng: &mut rand::rngs::StdRng| (0..HEARTBEAT_HEADS_MAX).map(|_| rng.gen()).collect::<Vec<Hash>>();
+    let scopes = (0..HEARTBEAT_SCOPES_MAX)
+        .map(|j| {
+            let scope = if j % FORGED_REAL_EVERY == 0 { real[(j / FORGED_REAL_EVERY) % 2] } else { rng.gen() };
+            ScopeBeat { scope, root: rng.gen(), governance_heads: heads(rng), data_heads: heads(rng) }
+        })
+        .collect();
+    NodeMessage::Heartbeat(Heartbeat { scopes }).encode()
+}
+
+/// Forged heartbeats: 48 workers, one connection after another from 8
+/// loopback hosts (127.0.2.x, so that the origins' connection caps allow
+/// them), each connection presenting no key, a stranger's (one per host) or
+/// the scopes' member's, sending one maximal heartbeat (from a pool of 8)
+/// and closing once the node has it all. Then: every scope beat of the
+/// anonymous and the strangers refused and counted by reason (the member's
+/// for random scopes too), the member's real ones heard (noted as heads lacked) but `lacking` within `LACKING_NOTES_MAX`.
+async fn heartbeats_flood(ctx: &Ctx) -> anyhow::Result<serde_json::Value> {
+    const HOSTS: u8 = 8;
+    let planned = ctx.sizes.heartbeats as u64;
+    let cfg = ServerConfig::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.seed ^ 0x4EA7);
+    let member = dagfold::net::identity_cert(&ctx.member_seed)?;
+    let mut eps = Vec::new();
+    for h in 0..HOSTS {
+        let bind = SocketAddr::from(([127, 0, 2, 1 + h], 0));
+        let stranger = dagfold::net::identity_cert(&rng.gen())?;
+        for who in [None, Some(&stranger), Some(&member)] {
+            eps.push(dagfold::net::client::client_endpoint_as(bind, &cfg, who)?);
+        }
+    }
+    let real = [ctx.quiet_scope, ctx.valid_scope];
+    let frames: Arc<Vec<Vec<u8>>> = Arc::new((0..8).map(|_| forged_heartbeat(&mut rng, &real)).collect());
+    let eps = Arc::new(eps);
+    let attempts = Arc::new(AtomicU64::new(0));
+    let counts: Arc<std::sync::Mutex<std::collections::BTreeMap<String, u64>>> = Default::default();
+    // The node's heads-we-lack notes, sampled throughout.
+    let lacking_max = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let mut max = 0f64;
+            while !ctx.stopped() {
+                max = max.max(ctx.metric("dagfold_lacking_notes", None));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            max.max(ctx.metric("dagfold_lacking_notes", None))
+        })
+    };
+    let mut tasks = Vec::new();
+    for _ in 0..48 {
+        let (eps, frames, ctx, attempts, counts) = (eps.clone(), frames.clone(), ctx.clone(), attempts.clone(), counts.clone());
+        tasks.push(tokio::spawn(async move {
+            while let Some(i) = ctx.next_unit(&attempts, planned) {
+                let who = (i % 3) as usize;
+                let ep = &eps[(i / 3 % HOSTS as u64) as usize * 3 + who];
+                let outcome = match connect(ep, ctx.node).await {
+                    Ok(conn) => {
+                        let send = async {
+                            let mut st = conn.open_uni().await?;
+                            st.write_all(&framed(&frames[i as usize % frames.len()])).await?;
+                            st.finish()?;
+                            Ok::<_, anyhow::Error>(st.stopped().await?)
+                        };
+                        let r = tokio::time::timeout(Duration::from_secs(30), send).await;
+                        conn.close(0u32.into(), b"bye");
+                        match r {
+                            Ok(Ok(None)) => "delivered",
+                            Ok(Ok(Some(_))) => "stopped",
+                            Ok(Err(_)) => "lost",
+                            Err(_) => "timed_out",
+                        }
+                    }
+                    Err(e) if e.to_string().contains("refused") => "refused",
+                    Err(_) => "failed",
+                };
+                *counts.lock().unwrap().entry(format!("{}_{outcome}", FORGERS[who])).or_default() += 1;
+                ctx.progress.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    for ep in eps.iter() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), ep.wait_idle()).await;
+    }
+    let counts = counts.lock().unwrap().clone();
+    let delivered = |who: &str| counts.get(&format!("{who}_delivered")).copied().unwrap_or(0) as f64;
+    let (anon, stranger, member) = (delivered("anonymous"), delivered("stranger"), delivered("member"));
+    let beats = HEARTBEAT_SCOPES_MAX as f64;
+    let real_beats = HEARTBEAT_SCOPES_MAX.div_ceil(FORGED_REAL_EVERY) as f64;
+    // What the node must have refused, by reason: every scope of the
+    // anonymous; the strangers' real scopes (not a member) and random ones
+    // (unknown); the member's random ones.
+    // (The valid scope is unknown to the node until its genesis arrives:
+    // beats naming it are refused as `unknown_scope` until then.)
+    let want = [
+        ("anonymous", anon * beats),
+        ("not_a_member|unknown_scope", stranger * beats + member * (beats - real_beats)),
+    ];
+    let refused = |reasons: &str| {
+        let text = dagfold::testkit::http_get(ctx.admin, "/metrics", Duration::from_secs(5)).map(|(_, t)| t).unwrap_or_default();
+        reasons.split('|').map(|r| heartbeat_refused(&text, Some(r))).sum::<f64>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while want.iter().any(|(r, n)| refused(r) < *n) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut problems = Vec::new();
+    let mut counted = serde_json::Map::new();
+    for (reason, n) in want {
+        let got = refused(reason);
+        counted.insert(reason.to_string(), json!(got));
+        if got < n {
+            problems.push(format!("forged heartbeats heard: {n} scope beats should have been refused as {reason}, {got} were"));
+        }
+    }
+    if stranger > 0.0 && refused("not_a_member") == 0.0 {
+        problems.push("no stranger's heartbeat was refused as not a member".to_string());
+    }
+    for who in FORGERS {
+        if delivered(who) == 0.0 {
+            problems.push(format!("no forged heartbeat of the {who} kind was delivered"));
+        }
+    }
+    let lacking_max = lacking_max.await.unwrap_or(f64::MAX);
+    if lacking_max > LACKING_NOTES_MAX as f64 {
+        problems.push(format!("{lacking_max} heads-we-lack notes, over the bound {LACKING_NOTES_MAX}"));
+    }
+    if member > 0.0 && lacking_max == 0.0 {
+        problems.push("the member's heartbeats were not heard (no heads-we-lack note)".to_string());
+    }
+    Ok(json!({
+        "connections": counts.values().sum::<u64>(), "outcomes": counts, "frame_bytes": frames[0].len(),
+        "refused_expected": want.iter().map(|(r, n)| (r.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+        "refused_counted": counted, "lacking_notes_max": lacking_max, "lacking_notes_bound": LACKING_NOTES_MAX,
+        "problems": problems,
     }))
 }

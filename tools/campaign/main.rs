@@ -4,7 +4,8 @@
 //!   random moments, restart, resend, sync; then the store and the events
 //!   are checked against the load generator.
 //! - `flood`: orphans, garbage frames, connection churn, subscribers that
-//!   never read, a sync request loop; each while valid traffic is measured
+//!   never read, a sync request loop, forged heartbeats (while a real peer
+//!   converges); each while valid traffic is measured
 //!   against a clean run, with memory and the node's drop counters.
 //! - `disk`: a full disk (a size-limited tmpfs) or a write error
 //!   (RLIMIT_FSIZE); the node must refuse, say so, keep answering, and

@@ -73,11 +73,6 @@ pub fn key_file(dir: &Path, name: &str, seed: &[u8; 32]) -> anyhow::Result<std::
 }
 
 impl NodeProc {
-    pub fn new(name: &str, bin: &Path, data_dir: &Path, log: &Path, extra: &[String]) -> NodeProc {
-        let (listen, admin) = (loopback(free_port()), loopback(free_port()));
-        NodeProc::at(name, bin, data_dir, log, listen, admin, extra)
-    }
-
     pub fn at(name: &str, bin: &Path, data_dir: &Path, log: &Path, listen: SocketAddr, admin: SocketAddr, extra: &[String]) -> NodeProc {
         let mut args = vec![
             "node".to_string(),
