@@ -5,22 +5,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
+use common::api::*;
 use common::node::*;
 use dagfold::core::projection::Projection;
 use dagfold::protocol::crypto::{key_id_of, seal_payload};
 use dagfold::protocol::{encode, Action, DataPayload, Event, Hash, Op, ZERO, PLANE_DATA};
 use dagfold::workload::{generate, sign_op, Workload, WorkloadConfig};
 use serde_json::Value;
-
-const WAIT: Duration = Duration::from_secs(20);
-
-fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new().timeout_connect(WAIT).timeout_read(WAIT).timeout_write(WAIT).build()
-}
 
 /// A node on loopback in a fresh data directory, and its API token.
 fn start() -> (tempfile::TempDir, NodeProc, String) {
@@ -30,26 +25,9 @@ fn start() -> (tempfile::TempDir, NodeProc, String) {
     (dir, n, token)
 }
 
-fn token(n: &NodeProc) -> String {
-    std::fs::read_to_string(n.data_dir.join("api-token")).expect("the token file").trim().to_owned()
-}
-
-/// `method path` with `Bearer token` if given: the status and the body
-/// (JSON, or a string for anything else).
+/// `method path` with `Bearer token` if given (no body).
 fn call(n: &NodeProc, method: &str, path: &str, token: Option<&str>) -> (u16, Value) {
-    let mut req = agent().request(method, &format!("http://{}{path}", n.admin));
-    if let Some(t) = token {
-        req = req.set("authorization", &format!("Bearer {t}"));
-    }
-    let response = match req.call() {
-        Ok(r) => r,
-        Err(ureq::Error::Status(_, r)) => r,
-        Err(e) => panic!("{method} {path}: {e}"),
-    };
-    let status = response.status();
-    let json = response.content_type() == "application/json";
-    let text = response.into_string().expect("a body");
-    (status, if json { serde_json::from_str(&text).expect("JSON as said") } else { Value::String(text) })
+    request(n, method, path, token, None)
 }
 
 fn get(n: &NodeProc, path: &str, token: &str) -> (u16, Value) {
@@ -67,10 +45,6 @@ fn raw_exchange(n: &NodeProc, request: &[u8]) -> String {
     let mut response = Vec::new();
     let _ = stream.read_to_end(&mut response);
     String::from_utf8_lossy(&response).into_owned()
-}
-
-fn error_code(body: &Value) -> &str {
-    body["error"]["code"].as_str().unwrap_or_else(|| panic!("an error body: {body}"))
 }
 
 /// A scope for node `n` by the workload's keys: genesis, the group key
@@ -352,48 +326,8 @@ fn reads_of_a_scope_sent_over_quic() {
 }
 
 /// One SSE event: its id, event name and data.
-#[derive(Debug)]
-struct SseEvent {
-    id: u64,
-    kind: String,
-    data: Value,
-}
-
-/// Reads SSE events from an open stream (comments skipped).
-fn next_sse(r: &mut impl BufRead) -> Option<SseEvent> {
-    let (mut id, mut kind, mut data) = (None, String::new(), None);
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        let line = line.trim_end_matches(['\r', '\n']);
-        if line.is_empty() {
-            if let (Some(id), Some(data)) = (id, data.take()) {
-                return Some(SseEvent { id, kind, data });
-            }
-            continue;
-        }
-        if let Some(v) = line.strip_prefix("id:") {
-            id = Some(v.trim().parse().unwrap());
-        } else if let Some(v) = line.strip_prefix("event:") {
-            kind = v.trim().to_owned();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data = Some(serde_json::from_str(v.trim()).unwrap());
-        }
-    }
-}
-
 fn open_events(n: &NodeProc, token: &str, scope: &Hash, query: &str, last_id: Option<u64>) -> BufReader<Box<dyn Read + Send + Sync>> {
-    let mut req = agent()
-        .get(&format!("http://{}/v1/scopes/{}/events{query}", n.admin, hex::encode(scope)))
-        .set("authorization", &format!("Bearer {token}"));
-    if let Some(id) = last_id {
-        req = req.set("last-event-id", &id.to_string());
-    }
-    let response = req.call().expect("the event stream opens");
-    assert_eq!(response.content_type(), "text/event-stream");
-    BufReader::new(response.into_reader())
+    common::api::open_events(n, token, &hex::encode(scope), query, last_id)
 }
 
 /// Events from `from=1`; a reconnection with `Last-Event-ID` gets the rest

@@ -45,6 +45,7 @@ pub fn error_code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or_else(|| panic!("an error body: {body}"))
 }
 
+#[derive(Debug)]
 pub struct SseEvent {
     pub id: u64,
     pub kind: String,
