@@ -342,9 +342,8 @@ impl Author {
             }
             // The committer skips commits while refusing: look again now
             // and then rather than wait for a change that never comes.
-            match tokio::time::timeout(Duration::from_millis(200), rx.changed()).await {
-                Ok(Err(_)) => return Err(stopped()),
-                Ok(Ok(())) | Err(_) => {}
+            if let Ok(Err(_)) = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await {
+                return Err(stopped());
             }
         }
     }
