@@ -123,19 +123,21 @@ pub fn api(args: ApiArgs) -> anyhow::Result<Value> {
     b.ok("POST", &format!("/v1/scopes/{scope}/follow"), None)?;
     let member = json!({ "public_key": b_id["public_key"], "kem_public_key": b_id["kem_public_key"], "role": "reader" });
     a.ok("POST", &format!("/v1/scopes/{scope}/members"), Some(&member))?;
-    let status = |c: &mut Conn| -> Option<Value> {
-        let (code, v) = c.call("GET", &format!("/v1/scopes/{scope}"), None).ok()?;
+    // A fresh connection each time: one left idle during the writes is
+    // closed by the server's keep-alive timeout.
+    let status = |addr: SocketAddr, token: &str| -> Option<Value> {
+        let (code, v) = Conn::open(addr, token).ok()?.call("GET", &format!("/v1/scopes/{scope}"), None).ok()?;
         (code == 200).then_some(v)
     };
     // B holds the scope and its key before the clock starts.
     let t = Instant::now();
-    while status(&mut b).is_none_or(|s| s["applied"].as_u64() < Some(2)) {
+    while status(args.peer_api, &tb).is_none_or(|s| s["applied"].as_u64() < Some(2)) {
         if t.elapsed() > Duration::from_secs(60) {
             bail!("node B never applied the scope's genesis and membership");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let base_applied = status(&mut a).and_then(|s| s["applied"].as_u64()).unwrap_or(0);
+    let base_applied = status(args.api, &ta).and_then(|s| s["applied"].as_u64()).unwrap_or(0);
     let cpu0 = (args.node_pid.and_then(crate::cpu_seconds), args.peer_pid.and_then(crate::cpu_seconds));
     let next = Arc::new(AtomicUsize::new(0));
     let value = "v".repeat(args.value_bytes);
@@ -168,7 +170,7 @@ pub fn api(args: ApiArgs) -> anyhow::Result<Value> {
     let target = base_applied + args.ops as u64;
     let mut b_done = None;
     while b_done.is_none() {
-        if status(&mut b).and_then(|s| s["applied"].as_u64()).is_some_and(|n| n >= target) {
+        if status(args.peer_api, &tb).and_then(|s| s["applied"].as_u64()).is_some_and(|n| n >= target) {
             b_done = Some(started.elapsed().as_secs_f64());
         } else if started.elapsed() > Duration::from_secs(args.timeout_s) {
             bail!("node B did not apply every write within {} s", args.timeout_s);
@@ -177,7 +179,7 @@ pub fn api(args: ApiArgs) -> anyhow::Result<Value> {
         }
     }
     let b_s = b_done.unwrap();
-    let (ra, rb) = (status(&mut a), status(&mut b));
+    let (ra, rb) = (status(args.api, &ta), status(args.peer_api, &tb));
     let roots_equal = ra.as_ref().map(|s| &s["root"]) == rb.as_ref().map(|s| &s["root"]);
     lat.sort_by(|x, y| x.total_cmp(y));
     let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0.0);
