@@ -276,7 +276,9 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
             outcome
         }
         Work::Op { id, op, bytes, conn, host, authored } => {
-            let (scope, plane) = (op.scope, op.plane);
+            // A genesis belongs to the scope it names (SPEC §2).
+            let scope = if op.scope == crate::protocol::ZERO { id } else { op.scope };
+            let plane = op.plane;
             let event_seq = engine.event_seq(&scope);
             let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
             if let Some(reply) = authored {
