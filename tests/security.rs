@@ -402,3 +402,48 @@ fn import_takes_the_genesis_flags() {
     let open = import("open", &[]);
     assert_eq!(open["genesis_refused"], 0, "{open}");
 }
+
+/// `KeysRequest` (docs/PROTOCOL.md, "Key deliveries"): a member gets the
+/// deliveries the node made to its proven key, and only those; a stranger
+/// gets none; an anonymous client is refused.
+#[test]
+fn key_deliveries_are_served_again_only_to_their_recipient() {
+    use common::api::{request, token};
+    use dagfold::protocol::node::KeysRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let n = NodeProc::start_with_policy(dir.path(), loopback(free_port()), loopback(free_port()), &[]);
+    let t = token(&n);
+    let (_, created) = request(&n, "POST", "/v1/scopes", Some(&t), Some(&serde_json::json!({"name": "k"})));
+    let s = created["scope"].as_str().unwrap().to_owned();
+    let member = dagfold::core::Identity::from_secrets([0x51; 32], [0x52; 32]);
+    let add = serde_json::json!({ "public_key": hex::encode(member.public_key), "kem_public_key": hex::encode(member.kem_public), "role": "reader" });
+    assert_eq!(request(&n, "POST", &format!("/v1/scopes/{s}/members"), Some(&t), Some(&add)).0, 201);
+    assert_eq!(request(&n, "POST", &format!("/v1/scopes/{s}/keys/rotate"), Some(&t), None).0, 200);
+    let ask_keys = || NodeMessage::KeysRequest(KeysRequest { after_scope: ZERO, after_key_id: ZERO });
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        /// The deliveries of a reply, up to its `SyncDone`.
+        async fn deliveries(mut r: StreamFrames) -> Result<Vec<dagfold::protocol::KeyDelivery>, FrameError> {
+            let mut out = Vec::new();
+            while let Some(frame) = tokio::time::timeout(WAIT, r.read()).await.expect("in time")? {
+                match dagfold::core::decode_frame(&frame) {
+                    Ok(dagfold::core::Decoded::Key(kd)) => out.push(kd),
+                    _ => break,
+                }
+            }
+            Ok(out)
+        }
+        let (_a, r) = ask(&n, None, ask_keys()).await;
+        assert!(refused(&deliveries(r).await), "an anonymous request is refused");
+        let (_b, r) = ask(&n, Some([0x77; 32]), ask_keys()).await;
+        assert!(deliveries(r).await.unwrap().is_empty(), "a stranger gets none");
+        let (_c, r) = ask(&n, Some(member.seed), ask_keys()).await;
+        let got = deliveries(r).await.unwrap();
+        // The first key on joining, the rotated one after.
+        assert_eq!(got.len(), 2, "{got:?}");
+        for kd in &got {
+            assert_eq!(kd.recipient, member.public_key);
+            assert!(dagfold::protocol::crypto::open_key_delivery(kd, &member.kem_secret).is_some(), "it opens for its recipient");
+        }
+    });
+}
