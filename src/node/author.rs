@@ -148,18 +148,21 @@ impl Author {
 
     /// A data op (API.md `POST /v1/scopes/{scope}/ops`).
     pub async fn write(self: Arc<Self>, scope: Hash, actions: Vec<Action>, events: Vec<Event>) -> Result<Written, WriteError> {
-        // SPEC §7's payload limit, with the root and the tag.
-        let plain_len = encode(&DataPayload { root_hash: ZERO, actions: actions.clone(), events: events.clone() }).len();
-        if plain_len + TAG_BYTES > OP_PAYLOAD_BYTES_MAX as usize {
+        let has_events = !events.is_empty();
+        // Encoded once: the root, its first field (borsh, in order), is set
+        // in place once the draft gives it.
+        // The actions go to the draft too (the projector folds them for the root).
+        let mut plain = encode(&DataPayload { root_hash: ZERO, actions: actions.clone(), events });
+        // SPEC §7's payload limit, with the tag.
+        if plain.len() + TAG_BYTES > OP_PAYLOAD_BYTES_MAX as usize {
             return Err(WriteError::TooLarge(format!(
                 "the op's payload would be {} bytes, over SPEC §7's {OP_PAYLOAD_BYTES_MAX}",
-                plain_len + TAG_BYTES
+                plain.len() + TAG_BYTES
             )));
         }
-        let d = self.draft(scope, PLANE_DATA, actions.clone()).await?;
+        let d = self.draft(scope, PLANE_DATA, actions).await?;
         let root = d.root.expect("a data draft has its root");
-        let has_events = !events.is_empty();
-        let plain = encode(&DataPayload { root_hash: root, actions, events });
+        plain[..32].copy_from_slice(&root);
         let (id, op, bytes) = self.compose(&d, PLANE_DATA, &plain);
         let done = self.submit(id, op, bytes).await?;
         self.durable(done.commit).await?;

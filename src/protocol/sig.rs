@@ -166,7 +166,7 @@ fn batch_entries<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> (Vec<Entr
 /// Sign a 32-byte message with a 32-byte Ed25519 seed (RFC 8032), for tools
 /// and tests.
 pub fn sign(seed: &[u8; 32], message: &[u8; 32]) -> [u8; 64] {
-    SigningKey::from_bytes(seed).sign(message).to_bytes()
+    Signer::new(seed).sign(message)
 }
 
 /// A signing key kept expanded, for a node that signs many ops (its API's
