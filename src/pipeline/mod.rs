@@ -283,6 +283,9 @@ pub struct PipelineState {
     /// durable, so `G` at any durable status's heads can be computed from
     /// it (`Governance::state_at_shared`, under the read lock).
     pub governance: Arc<RwLock<Governance>>,
+    /// Signatures known valid (`verified.rs`): the verifiers' cache, which
+    /// the node's API adds its own fresh signatures to (`node::author`).
+    pub(crate) verified: Arc<verified::VerifiedCache>,
 }
 
 pub struct Pipeline {
@@ -318,6 +321,7 @@ impl Pipeline {
             }
         }
         let (direct_tx, direct_rx) = bounded::<Work>(DIRECT_QUEUE_ITEMS);
+        let verified = Arc::new(verified::VerifiedCache::new(verified::VERIFIED_SLOTS));
         let shared = Arc::new(PipelineState {
             status: RwLock::new(BTreeMap::new()),
             refusing: AtomicBool::new(false),
@@ -332,6 +336,7 @@ impl Pipeline {
             durable: tokio::sync::watch::Sender::new(0),
             direct: direct_tx,
             governance: gov_replica.clone(),
+            verified: verified.clone(),
         });
         {
             let mut st = shared.status.write().unwrap();
@@ -370,7 +375,6 @@ impl Pipeline {
 
         let batch_max = cfg.verify_batch_max;
         threads.push(spawn("dagfold-batcher", Box::new(move || batcher::run(ingest, verify_tx, batch_max))));
-        let verified = Arc::new(verified::VerifiedCache::new(verified::VERIFIED_SLOTS));
         for i in 0..cfg.verifier_threads {
             let (rx, tx, cache) = (verify_rx.clone(), auth_tx.clone(), verified.clone());
             threads.push(spawn(&format!("dagfold-verifier-{i}"), Box::new(move || verifier::run(rx, tx, &cache))));
