@@ -105,9 +105,15 @@ pub(super) fn run(
             }
             match got {
                 Input::Direct(work) => {
-                    items_in_commit += 1;
+                    // The API's requests queued by now go in the same round
+                    // (each round can close a commit: one per request made
+                    // a commit, and a projector and committer trip, each).
                     let mut at = ItemState { conns: &mut conns, hosts: &mut hosts, heartbeats: &mut heartbeats, authoring: &mut authoring };
-                    handle_item(engine, Item { work, valid: false, pre: Default::default() }, &shared, &mut at);
+                    let queued = std::iter::from_fn(|| direct.try_recv().ok()).take(DIRECT_PER_ROUND_MAX - 1);
+                    for work in std::iter::once(work).chain(queued) {
+                        items_in_commit += 1;
+                        handle_item(engine, Item { work, valid: false, pre: Default::default() }, &shared, &mut at);
+                    }
                 }
                 Input::Batch(batch) => {
                     note_age("order", batch.received);
@@ -220,6 +226,10 @@ pub(super) fn run(
         last_received = Instant::now();
     }
 }
+
+/// The API's requests (`Work::Draft` and the like) taken in one round of
+/// the orderer at most, so that batches from the network keep their turn.
+const DIRECT_PER_ROUND_MAX: usize = 256;
 
 /// Heartbeat root comparisons one commit carries at most (a heartbeat is
 /// per peer and scope, ≥ 200 ms apart; past this, a flood of them is
