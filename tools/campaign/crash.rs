@@ -1,9 +1,13 @@
 //! The crash campaign: node A under load from `dagfold-loadgen send` (which
 //! resends after every lost connection), a subscriber on A
-//! (`dagfold subscribe`, which resumes by itself), and a peer B that gets
-//! the same load once; A is SIGKILLed at seeded random moments and
-//! restarted each time. After every kill the store is opened with the
-//! library and checked (`check.rs`); at the end A and B must hold the load
+//! (`dagfold subscribe`, which resumes by itself), writes over A's API, and
+//! a peer B that gets the same load once; A is SIGKILLed at seeded random
+//! moments and restarted each time, and every other time the kill is a
+//! power cut: A's data directory is on the power-cut filesystem
+//! (`powercut.rs`), which then drops every write A had not synced. After
+//! every kill the store is opened with the library and checked
+//! (`check.rs`), and everything A acknowledged, as the campaign recorded it
+//! (`acked.rs`), must be in it; at the end A and B must hold the load
 //! generator's root, and every event the subscriber printed must name an op
 //! still applied after the last restart, numbered 1..n without gap or
 //! repeat, equal to A's event log.
@@ -15,6 +19,7 @@ use anyhow::Context;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
+use crate::acked::{Acked, ApiWriter, Covered};
 use crate::check::{check_store, data_ops_of_file, identity_from, seed_identity};
 use crate::proc::{Bins, NodeProc, ToolProc};
 
@@ -23,6 +28,19 @@ pub struct CrashArgs {
     /// SIGKILLs of the running node (kills during start-up come on top).
     #[arg(long, default_value_t = 20)]
     pub kills: u32,
+    /// Power cuts of the running node (a SIGKILL, then every write it had
+    /// not synced dropped), alternating with the kills. Needs FUSE
+    /// (/dev/fuse, and the right to mount: root); 0 runs without it.
+    #[arg(long, default_value_t = 20)]
+    pub cuts: u32,
+    /// The killed node's `--durability` (`fast` does not sync commits: the
+    /// power cuts must then find acknowledged ops lost).
+    #[arg(long)]
+    pub durability: Option<String>,
+    /// Writes over the killed node's API per second (each answered only
+    /// once durable, and recorded then); 0: none.
+    #[arg(long, default_value_t = 20)]
+    pub api_writes_per_s: u64,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Data ops of the load.
@@ -69,7 +87,11 @@ pub struct CrashArgs {
 pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json::Value> {
     let t_all = Instant::now();
     let timeout = Duration::from_secs(a.timeout_s);
-    let (dir_a, dir_b) = (work.join("a"), work.join("b"));
+    // A's data directory on the power-cut filesystem when there are cuts
+    // (unmounted when `mounted` drops, after the nodes: declared before them).
+    let mut mounted = if a.cuts > 0 { Some(crate::powercut::PowerCut::mount(&bins.powercut, &work.join("a-disk"), &work.join("a-mnt"))?) } else { None };
+    let dir_a = mounted.as_ref().map_or_else(|| work.join("a"), |m| m.mount_point.join("a"));
+    let dir_b = work.join("b");
     let (id_a, id_b) = (identity_from(a.seed, "crash-a"), identity_from(a.seed, "crash-b"));
     seed_identity(&dir_a, &id_a)?;
     seed_identity(&dir_b, &id_b)?;
@@ -84,6 +106,9 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
     let mut b = NodeProc::at("peer B", &bins.dagfold, &dir_b, &work.join("b.log"), lb, hb, &hb_flags(&id_a, la));
     let mut a_flags = hb_flags(&id_b, lb);
     a_flags.extend(["--commit-ops-max".to_string(), a.commit_ops_max.to_string()]);
+    if let Some(d) = &a.durability {
+        a_flags.extend(["--durability".to_string(), d.clone()]);
+    }
     let mut node = NodeProc::at("node A", &bins.dagfold, &dir_a, &work.join("a.log"), la, ha, &a_flags);
     b.start(Duration::from_secs(60))?;
     node.start(Duration::from_secs(60))?;
@@ -156,38 +181,73 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
     let mut load_a = ToolProc::spawn(&bins.loadgen, &send_args(&node, a.rate, a.streams, a.shuffle_window, "to-a"), &work.join("send-a.out"), &work.join("send-a.err"))?;
     let mut load_b = ToolProc::spawn(&bins.loadgen, &send_args(&b, a.peer_rate, 1, 0, "to-b"), &work.join("send-b.out"), &work.join("send-b.err"))?;
 
+    let mut api = (a.api_writes_per_s > 0).then(|| ApiWriter::start(node.admin, dir_a.join(dagfold::client::API_TOKEN_FILE), a.api_writes_per_s));
+    let api_acked = |api: &Option<ApiWriter>| api.as_ref().map(|w| w.acked()).unwrap_or_default();
+    let mut acked = Acked::default();
+    let mut covered = Covered::default();
+    let mut acknowledged_losses = 0u64;
+    let events_file = work.join("events.jsonl");
+
+    // Kills and cuts alternate while both are left.
+    let rounds = a.kills + a.cuts;
+    let is_cut = |i: u32| {
+        let pairs = a.kills.min(a.cuts);
+        if i < 2 * pairs { i % 2 == 1 } else { a.cuts > a.kills }
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ 0xC0FFEE);
     let mut kills = Vec::new();
     let (mut opens, mut early_kills, mut problems) = (1u64, 0u64, Vec::<String>::new());
     let mut max_pending_seen = 0u64;
     let mut released_at_reopen_total = 0u64;
     let mut max_key_waits_seen = 0u64;
-    for i in 0..a.kills {
+    for i in 0..rounds {
+        let cut = is_cut(i);
         let delay = rng.gen_range(a.kill_min_ms..=a.kill_max_ms.max(a.kill_min_ms));
-        std::thread::sleep(Duration::from_millis(delay));
-        // The durable state as the node last reported it, then the kill.
-        let before = node.scope(&scope);
-        let applied_before = before.as_ref().and_then(|s| s["applied"].as_u64()).unwrap_or(0);
+        // Until the kill, the node's status is read every 100 ms and what
+        // it reports durable is recorded.
+        let until = Instant::now() + Duration::from_millis(delay);
+        let mut applied_before = None;
+        while Instant::now() < until {
+            let st = node.scope(&scope);
+            acked.record_status(st.as_ref());
+            applied_before = st.as_ref().and_then(|s| s["applied"].as_u64()).or(applied_before);
+            std::thread::sleep(until.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
+        }
         let killed_at = t_all.elapsed();
         node.kill();
+        if cut {
+            mounted.as_mut().expect("cuts run on the power-cut filesystem").cut()?;
+        }
+        // Every answer the node gave before it died is in hand by now (it
+        // answers only once durable, so even one read after the kill counts).
+        let api_ops = api_acked(&api);
         let chk = check_store(&node.data_dir, Some(scope), a.fresh_fold_every_kill);
         max_pending_seen = max_pending_seen.max(chk.pending);
         released_at_reopen_total += chk.released_at_reopen;
         max_key_waits_seen = max_key_waits_seen.max(chk.key_waits);
         let after = chk.scope_applied.unwrap_or(0);
         let mut kill_problems = chk.problems.clone();
-        if after < applied_before {
-            kill_problems.push(format!("durable state went back: status said {applied_before} applied, the store holds {after}"));
-        }
+        let (cov, lost) = acked.check(&chk, &events_file, &api_ops);
+        covered = cov;
+        acknowledged_losses += lost.len() as u64;
+        kill_problems.extend(lost);
         let early = rng.gen_bool(a.early_share.clamp(0.0, 1.0));
         let mut early_ms = None;
         if early {
+            // While the store opens and the engine restores; after a cut,
+            // a second cut there (a power loss during recovery).
             let ms = rng.gen_range(0..300u64);
             node.start_and_kill_early(Duration::from_millis(ms))?;
+            if cut {
+                mounted.as_mut().expect("cuts run on the power-cut filesystem").cut()?;
+            }
             early_kills += 1;
             early_ms = Some(ms);
             let chk2 = check_store(&node.data_dir, Some(scope), false);
             kill_problems.extend(chk2.problems.iter().map(|p| format!("after the early kill: {p}")));
+            let (_, lost) = acked.check(&chk2, &events_file, &api_ops);
+            acknowledged_losses += lost.len() as u64;
+            kill_problems.extend(lost.iter().map(|p| format!("after the early kill: {p}")));
         }
         let restart = node.start(Duration::from_secs(120));
         let restart_ms = match &restart {
@@ -201,19 +261,24 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             }
         };
         eprintln!(
-            "crash campaign: kill {}/{} at {:.1} s after {delay} ms: {applied_before} applied before, {after} in the store, {} pending ({} released at reopen), {} key waits{}{}",
+            "crash campaign: {} {}/{rounds} at {:.1} s after {delay} ms: {applied_before:?} applied before, {after} in the store, {} pending ({} released at reopen), {} key waits, acknowledged: {} events, {} heads, {} API writes{}{}",
+            if cut { "power cut" } else { "kill" },
             i + 1,
-            a.kills,
             killed_at.as_secs_f64(),
             chk.pending,
             chk.released_at_reopen,
             chk.key_waits,
+            cov.events,
+            cov.status_heads,
+            cov.api_writes,
             early_ms.map(|m| format!(", early kill {m} ms after spawn")).unwrap_or_default(),
             if kill_problems.is_empty() { String::new() } else { format!(" PROBLEMS: {kill_problems:?}") }
         );
         problems.extend(kill_problems.iter().map(|p| format!("kill {}: {p}", i + 1)));
         kills.push(json!({
             "kill": i + 1,
+            "power_cut": cut,
+            "acknowledged_checked": cov,
             "at_s": killed_at.as_secs_f64(),
             "delay_ms": delay,
             "applied_before": applied_before,
@@ -229,7 +294,8 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             break;
         }
     }
-    let kills_done = kills.len();
+    let kills_done = kills.iter().filter(|k| k["power_cut"] == false).count();
+    let cuts_done = kills.len() - kills_done;
     let t_kills = t_all.elapsed();
 
     // Convergence: both nodes at the load generator's root, every op applied.
@@ -270,11 +336,19 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
     let sub_retries = std::fs::read_to_string(work.join("subscriber.err")).unwrap_or_default().lines().count();
     let metrics_a = node.metrics().unwrap_or_default();
     let hwm_a = node.hwm_kb();
+    if let Some(w) = api.as_mut() {
+        w.stop();
+    }
+    let api_errors = api.as_ref().map_or(0, |w| w.errors());
+    let api_ops = api_acked(&api);
     node.stop(Duration::from_secs(30));
     b.stop(Duration::from_secs(30));
 
     let fin = check_store(&dir_a, Some(scope), true);
     let fin_b = check_store(&dir_b, Some(scope), true);
+    let (fin_cov, lost) = acked.check(&fin, &events_file, &api_ops);
+    acknowledged_losses += lost.len() as u64;
+    problems.extend(lost.iter().map(|p| format!("final store of A: {p}")));
     problems.extend(fin.problems.iter().map(|p| format!("final store of A: {p}")));
     problems.extend(fin_b.problems.iter().map(|p| format!("final store of B: {p}")));
     if fin.root.map(hex::encode).as_deref() != Some(root_hex.as_str()) {
@@ -309,12 +383,22 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
     if lines.len() as u64 != events_expected {
         problems.push(format!("the subscriber printed {} events, {} expected (exit {sub_done:?})", lines.len(), events_expected));
     }
-    let ok = problems.is_empty() && kills_done as u32 == a.kills;
+    let ok = problems.is_empty() && kills_done as u32 == a.kills && cuts_done as u32 == a.cuts;
     Ok(json!({
         "campaign": "crash",
         "ok": ok,
         "seed": a.seed,
         "kills": kills_done,
+        "power_cuts": cuts_done,
+        "durability": a.durability.as_deref().unwrap_or("durable"),
+        "acknowledged_losses": acknowledged_losses,
+        "acknowledged_at_last_kill": covered,
+        "acknowledged_at_end": fin_cov,
+        "status_reads": acked.status_reads,
+        "status_read_failures": acked.status_failures,
+        "api_writes_answered": api_ops.len(),
+        "api_write_errors": api_errors,
+        "powercut": mounted.as_mut().and_then(|m| m.counters()),
         "early_kills": early_kills,
         "opens": opens,
         "ops": total_ops,

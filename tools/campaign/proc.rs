@@ -16,6 +16,8 @@ use dagfold::protocol::Hash;
 pub struct Bins {
     pub dagfold: PathBuf,
     pub loadgen: PathBuf,
+    /// The power-cut filesystem (tools/powercut), needed by crash runs with cuts.
+    pub powercut: PathBuf,
 }
 
 pub fn free_port() -> u16 {
