@@ -40,6 +40,8 @@ pub struct Covered {
     pub status_heads: u64,
     pub status_applied_max: u64,
     pub api_writes: u64,
+    /// Of those, missing from the store (each counted, the messages capped).
+    pub lost: u64,
 }
 
 impl Acked {
@@ -68,7 +70,9 @@ impl Acked {
     /// far; `api_ops`: the API writes answered so far.
     pub fn check(&self, chk: &StoreReport, events_file: &Path, api_ops: &[Hash]) -> (Covered, Vec<String>) {
         let mut problems = Vec::new();
+        let mut lost = 0u64;
         let mut p = |s: String| {
+            lost += 1;
             if problems.len() < 20 {
                 problems.push(s)
             }
@@ -98,7 +102,7 @@ impl Acked {
         if chk.released_at_reopen == 0 {
             if let (Some(want), Some(root)) = (self.status_roots.get(&stored), chk.root) {
                 if *want != root {
-                    p(format!("a status reported root {} at {stored} applied, the store holds {} at that count", hex::encode(want), hex::encode(root)));
+                    p(format!("acknowledged loss: a status reported root {} at {stored} applied, the store holds {} at that count", hex::encode(want), hex::encode(root)));
                 }
             }
         }
@@ -108,6 +112,7 @@ impl Acked {
                 p(format!("acknowledged loss: the API answered 201 for op {}, the store does not hold it applied", hex::encode(op)));
             }
         }
+        cov.lost = lost;
         (cov, problems)
     }
 }

@@ -75,6 +75,16 @@ pub struct CrashArgs {
     /// Re-fold the applied ops from scratch at every kill, not only at the end.
     #[arg(long)]
     pub fresh_fold_every_kill: bool,
+    /// Share of the kills and cuts aimed (on the power-cut filesystem) at
+    /// an operation instead of a moment: a commit's WAL fsync, a table
+    /// file's write (a flush or a compaction), a MANIFEST write; and share
+    /// of the early kills aimed at the WAL's replay when the node opens its
+    /// store. An aim that does not fire within `--aim-wait-ms` falls back
+    /// to a plain kill. Needs cuts (the filesystem); 0: none.
+    #[arg(long, default_value_t = 0.5)]
+    pub aimed_share: f64,
+    #[arg(long, default_value_t = 3_000)]
+    pub aim_wait_ms: u64,
     /// Give up waiting for convergence after this long.
     #[arg(long, default_value_t = 300)]
     pub timeout_s: u64,
@@ -82,6 +92,21 @@ pub struct CrashArgs {
     /// are committed in many parts and kills land between them.
     #[arg(long, default_value_t = 16)]
     pub commit_ops_max: usize,
+}
+
+/// Per aim (and `recovery`): how many were tried and how many fired.
+fn aimed_summary(kills: &[serde_json::Value]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for k in kills {
+        let tries = [(k["aimed_at"].as_str(), &k["aim_fired"]), (k["recovery_aim_fired"].is_boolean().then_some("recovery"), &k["recovery_aim_fired"])];
+        for (kind, fired) in tries {
+            let Some(kind) = kind else { continue };
+            let e = out.entry(kind.to_string()).or_insert_with(|| json!({"tried": 0, "fired": 0}));
+            e["tried"] = json!(e["tried"].as_u64().unwrap_or(0) + 1);
+            e["fired"] = json!(e["fired"].as_u64().unwrap_or(0) + u64::from(fired == &json!(true)));
+        }
+    }
+    serde_json::Value::Object(out)
 }
 
 pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json::Value> {
@@ -214,9 +239,33 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             std::thread::sleep(until.saturating_duration_since(Instant::now()).min(Duration::from_millis(100)));
         }
         let killed_at = t_all.elapsed();
+        // Aimed: the filesystem kills the node inside the operation.
+        let aims = ["commit", "flush", "manifest"];
+        let aim = match mounted.as_mut() {
+            Some(m) if rng.gen_bool(a.aimed_share.clamp(0.0, 1.0)) => {
+                let kind = aims[rng.gen_range(0..aims.len())];
+                Some((kind, node.kill_aimed(m, kind, Duration::from_millis(a.aim_wait_ms))?))
+            }
+            _ => None,
+        };
         node.kill();
         if cut {
             mounted.as_mut().expect("cuts run on the power-cut filesystem").cut()?;
+        }
+        let early = rng.gen_bool(a.early_share.clamp(0.0, 1.0));
+        // An early kill aimed at recovery comes before the check (whose own
+        // open would replay the WAL first), while the node replays it.
+        let recovery_aim = early && mounted.is_some() && rng.gen_bool(a.aimed_share.clamp(0.0, 1.0));
+        let mut recovery_fired = None;
+        if recovery_aim {
+            let m = mounted.as_mut().expect("checked just above");
+            node.spawn_only()?;
+            recovery_fired = Some(node.kill_aimed(m, "recovery", Duration::from_millis(a.aim_wait_ms))?);
+            node.kill();
+            early_kills += 1;
+            if cut {
+                m.cut()?;
+            }
         }
         // Every answer the node gave before it died is in hand by now (it
         // answers only once durable, so even one read after the kill counts).
@@ -229,11 +278,10 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
         let mut kill_problems = chk.problems.clone();
         let (cov, lost) = acked.check(&chk, &events_file, &api_ops);
         covered = cov;
-        acknowledged_losses += lost.len() as u64;
+        acknowledged_losses += cov.lost;
         kill_problems.extend(lost);
-        let early = rng.gen_bool(a.early_share.clamp(0.0, 1.0));
         let mut early_ms = None;
-        if early {
+        if early && !recovery_aim {
             // While the store opens and the engine restores; after a cut,
             // a second cut there (a power loss during recovery).
             let ms = rng.gen_range(0..300u64);
@@ -245,8 +293,8 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             early_ms = Some(ms);
             let chk2 = check_store(&node.data_dir, Some(scope), false);
             kill_problems.extend(chk2.problems.iter().map(|p| format!("after the early kill: {p}")));
-            let (_, lost) = acked.check(&chk2, &events_file, &api_ops);
-            acknowledged_losses += lost.len() as u64;
+            let (cov2, lost) = acked.check(&chk2, &events_file, &api_ops);
+            acknowledged_losses += cov2.lost;
             kill_problems.extend(lost.iter().map(|p| format!("after the early kill: {p}")));
         }
         let restart = node.start(Duration::from_secs(120));
@@ -271,7 +319,9 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             cov.events,
             cov.status_heads,
             cov.api_writes,
-            early_ms.map(|m| format!(", early kill {m} ms after spawn")).unwrap_or_default(),
+            early_ms.map(|m| format!(", early kill {m} ms after spawn")).unwrap_or_default()
+                + &aim.map(|(k, f)| format!(", aimed at {k}: {}", if f { "fired" } else { "did not fire, killed" })).unwrap_or_default()
+                + &recovery_fired.map(|f| format!(", early kill aimed at recovery: {}", if f { "fired" } else { "did not fire, killed" })).unwrap_or_default(),
             if kill_problems.is_empty() { String::new() } else { format!(" PROBLEMS: {kill_problems:?}") }
         );
         problems.extend(kill_problems.iter().map(|p| format!("kill {}: {p}", i + 1)));
@@ -287,6 +337,9 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             "released_at_reopen": chk.released_at_reopen,
             "key_waits_in_store": chk.key_waits,
             "early_kill_ms": early_ms,
+            "aimed_at": aim.map(|(k, _)| k),
+            "aim_fired": aim.map(|(_, f)| f),
+            "recovery_aim_fired": recovery_fired,
             "restart_ms": restart_ms,
             "problems": kill_problems,
         }));
@@ -347,7 +400,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
     let fin = check_store(&dir_a, Some(scope), true);
     let fin_b = check_store(&dir_b, Some(scope), true);
     let (fin_cov, lost) = acked.check(&fin, &events_file, &api_ops);
-    acknowledged_losses += lost.len() as u64;
+    acknowledged_losses += fin_cov.lost;
     problems.extend(lost.iter().map(|p| format!("final store of A: {p}")));
     problems.extend(fin.problems.iter().map(|p| format!("final store of A: {p}")));
     problems.extend(fin_b.problems.iter().map(|p| format!("final store of B: {p}")));
@@ -390,6 +443,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
         "seed": a.seed,
         "kills": kills_done,
         "power_cuts": cuts_done,
+        "aimed_fired": aimed_summary(&kills),
         "durability": a.durability.as_deref().unwrap_or("durable"),
         "acknowledged_losses": acknowledged_losses,
         "acknowledged_at_last_kill": covered,

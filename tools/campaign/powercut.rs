@@ -55,6 +55,20 @@ impl PowerCut {
         self.ask("cut")
     }
 
+    /// Aims a kill: the next operation of `kind` (`commit`, `flush`,
+    /// `manifest`, `recovery`) by process `pid` SIGKILLs it (see
+    /// tools/powercut).
+    pub fn arm(&mut self, kind: &str, pid: u32) -> anyhow::Result<()> {
+        let v = self.ask(&format!("arm {kind} {pid}"))?;
+        anyhow::ensure!(v.get("armed").is_some(), "the power-cut filesystem refused to arm {kind}: {v}");
+        Ok(())
+    }
+
+    /// Disarms; whether the aimed kill fired.
+    pub fn disarm(&mut self) -> anyhow::Result<bool> {
+        Ok(self.ask("disarm")?["fired"] == true)
+    }
+
     pub fn counters(&mut self) -> Option<serde_json::Value> {
         self.ask("counters").ok()
     }

@@ -182,6 +182,22 @@ impl NodeProc {
         Ok(())
     }
 
+    /// Spawns the node without waiting for it to be up.
+    pub fn spawn_only(&mut self) -> anyhow::Result<()> {
+        self.spawn().map(drop)
+    }
+
+    /// Arms the power-cut filesystem to SIGKILL the node inside its next
+    /// operation of `kind` (tools/powercut), waits up to `wait` for it to
+    /// die, and disarms. Whether the aimed kill fired (if not, the node
+    /// still runs).
+    pub fn kill_aimed(&mut self, fs: &mut crate::powercut::PowerCut, kind: &str, wait: Duration) -> anyhow::Result<bool> {
+        let Some(pid) = self.pid() else { return Ok(false) };
+        fs.arm(kind, pid)?;
+        wait_until(wait, || !self.alive());
+        fs.disarm()
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }

@@ -4,7 +4,7 @@
 //!
 //! Control on standard input, one command a line, each answered by one JSON
 //! line on standard output: `cut` (the power cut; answers the counters),
-//! `counters`. At start it prints `{"mounted": "MOUNT"}` once mounted; at
+//! `counters`, `arm KIND PID` and `disarm` (aimed kills, below). At start it prints `{"mounted": "MOUNT"}` once mounted; at
 //! the end of its input (or `quit`) it unmounts and exits.
 //!
 //! What it models (the medium's assumptions, as redb's crash backend and
@@ -31,6 +31,17 @@
 //!   other modes, hard links and symlinks are refused (EOPNOTSUPP).
 //!   Locks are the kernel's local ones (the session does not offer
 //!   `FUSE_POSIX_LOCKS`).
+//!
+//! **Aimed kills** (`arm KIND PID`): the next operation of kind KIND made
+//! by a thread of process PID SIGKILLs PID and fails with EIO without
+//! taking effect, so the process dies inside that system call (a FUSE
+//! request already sent is answered before the caller can die). Kinds, by
+//! RocksDB's file names: `commit`, an fsync of a WAL file (`*.log`: a
+//! commit being made durable); `flush`, a write to a table file (`*.sst`:
+//! a flush or a compaction); `manifest`, a write to `MANIFEST-*` (a
+//! version edit: a flush or compaction being installed, or the open);
+//! `recovery`, a read of a WAL file (its replay at open). It fires once;
+//! `disarm` answers whether it fired.
 //!
 //! Inode numbers are the backing files' (the backing root's is swapped
 //! with 1, FUSE's root). One lock guards the state; the backing files are
@@ -184,7 +195,54 @@ impl Counters {
     }
 }
 
+/// What an aimed kill waits for (see the module's doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Aim {
+    Commit,
+    Flush,
+    Manifest,
+    Recovery,
+}
+
+/// The operation a file system request is, for [`Aim`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
+    Fsync,
+}
+
+impl Aim {
+    fn parse(s: &str) -> Option<Aim> {
+        match s {
+            "commit" => Some(Aim::Commit),
+            "flush" => Some(Aim::Flush),
+            "manifest" => Some(Aim::Manifest),
+            "recovery" => Some(Aim::Recovery),
+            _ => None,
+        }
+    }
+
+    fn matches(self, op: Op, name: &str) -> bool {
+        match self {
+            Aim::Commit => op == Op::Fsync && name.ends_with(".log"),
+            Aim::Flush => op == Op::Write && name.ends_with(".sst"),
+            Aim::Manifest => op == Op::Write && name.starts_with("MANIFEST-"),
+            Aim::Recovery => op == Op::Read && name.ends_with(".log"),
+        }
+    }
+}
+
+/// The process `tid` (a thread id, as FUSE gives it) belongs to.
+fn tgid_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
+}
+
 struct State {
+    /// An armed aimed kill: what, of which process, and whether it fired.
+    aim: Option<(Aim, u32)>,
+    fired: bool,
     backing: PathBuf,
     backing_root_ino: u64,
     /// Inode → path below the backing root (the last name it was seen by).
@@ -264,6 +322,21 @@ impl State {
         Ok(fh)
     }
 
+    /// Fires an armed aimed kill if `op` on `ino` by `tid` is its target:
+    /// SIGKILLs the process and returns EIO for the request (no effect).
+    fn aimed(&mut self, op: Op, ino: u64, tid: u32) -> Result<(), Errno> {
+        let Some((aim, pid)) = self.aim else { return Ok(()) };
+        let name = self.paths.get(&ino).and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if !aim.matches(op, &name) || (tid != pid && tgid_of(tid) != Some(pid)) {
+            return Ok(());
+        }
+        // SAFETY: a signal to a process id.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        self.aim = None;
+        self.fired = true;
+        Err(Errno::EIO)
+    }
+
     fn dirty_of(&mut self, ino: u64) -> Result<&mut Dirty, Errno> {
         if !self.dirty.contains_key(&ino) {
             let len = self.stat(ino)?.size;
@@ -308,6 +381,8 @@ impl PowerCut {
         paths.insert(1, PathBuf::new());
         let fs = PowerCut {
             state: Arc::new(Mutex::new(State {
+                aim: None,
+                fired: false,
                 backing: backing.clone(),
                 backing_root_ino: root_ino,
                 paths,
@@ -340,6 +415,19 @@ impl PowerCut {
 
     fn counters(&self) -> Counters {
         self.lock().counters
+    }
+
+    fn arm(&self, aim: Aim, pid: u32) {
+        let mut s = self.lock();
+        s.aim = Some((aim, pid));
+        s.fired = false;
+    }
+
+    /// Disarms; whether the aimed kill fired.
+    fn disarm(&self) -> bool {
+        let mut s = self.lock();
+        s.aim = None;
+        std::mem::take(&mut s.fired)
     }
 
     /// unlink or rmdir (`remove`), durable at once; an unlinked file's
@@ -515,7 +603,7 @@ impl fuser::Filesystem for PowerCut {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -524,8 +612,9 @@ impl fuser::Filesystem for PowerCut {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let s = self.lock();
+        let mut s = self.lock();
         let r = (|| {
+            s.aimed(Op::Read, ino.0, req.pid())?;
             let (_, file) = s.handles.get(&fh.0).ok_or(Errno::EBADF)?;
             match s.dirty.get(&ino.0) {
                 Some(d) => d.read(file, offset, size as u64).map_err(Errno::from),
@@ -552,7 +641,7 @@ impl fuser::Filesystem for PowerCut {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -563,7 +652,7 @@ impl fuser::Filesystem for PowerCut {
         reply: ReplyWrite,
     ) {
         let mut s = self.lock();
-        match s.dirty_of(ino.0) {
+        match s.aimed(Op::Write, ino.0, req.pid()).and_then(|()| s.dirty_of(ino.0)) {
             Ok(d) => {
                 d.write(offset, data);
                 s.counters.writes += 1;
@@ -597,9 +686,10 @@ impl fuser::Filesystem for PowerCut {
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request, ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let mut s = self.lock();
         let r = (|| {
+            s.aimed(Op::Fsync, ino.0, req.pid())?;
             let Some(d) = s.dirty.remove(&ino.0) else { return Ok(()) };
             let (_, file) = s.handles.get(&fh.0).ok_or(Errno::EBADF)?;
             // The backing file never loses power: written, not synced.
@@ -694,6 +784,17 @@ fn main() -> std::process::ExitCode {
         let answer = match line.trim() {
             "cut" => fs.cut().json(),
             "counters" => fs.counters().json(),
+            "disarm" => format!("{{\"fired\": {}}}", fs.disarm()),
+            cmd if cmd.starts_with("arm ") => {
+                let mut w = cmd.split_whitespace().skip(1);
+                match (w.next().and_then(Aim::parse), w.next().and_then(|p| p.parse::<u32>().ok())) {
+                    (Some(aim), Some(pid)) => {
+                        fs.arm(aim, pid);
+                        format!("{{\"armed\": \"{aim:?}\"}}")
+                    }
+                    _ => format!("{{\"error\": {cmd:?}}}"),
+                }
+            }
             "quit" => break,
             other => format!("{{\"error\": {other:?}}}"),
         };
