@@ -94,11 +94,11 @@ pub struct CrashArgs {
     pub commit_ops_max: usize,
 }
 
-/// Per aim (and `recovery`): how many were tried and how many fired.
+/// Per aim (those of early kills too): how many were tried and how many fired.
 fn aimed_summary(kills: &[serde_json::Value]) -> serde_json::Value {
     let mut out = serde_json::Map::new();
     for k in kills {
-        let tries = [(k["aimed_at"].as_str(), &k["aim_fired"]), (k["recovery_aim_fired"].is_boolean().then_some("recovery"), &k["recovery_aim_fired"])];
+        let tries = [(k["aimed_at"].as_str(), &k["aim_fired"]), (k["early_aimed_at"].as_str(), &k["early_aim_fired"])];
         for (kind, fired) in tries {
             let Some(kind) = kind else { continue };
             let e = out.entry(kind.to_string()).or_insert_with(|| json!({"tried": 0, "fired": 0}));
@@ -258,9 +258,12 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
         let recovery_aim = early && mounted.is_some() && rng.gen_bool(a.aimed_share.clamp(0.0, 1.0));
         let mut recovery_fired = None;
         if recovery_aim {
+            // The WAL's replay, or the new MANIFEST the open writes.
+            let kind = ["recovery", "manifest at open"][rng.gen_range(0..2)];
             let m = mounted.as_mut().expect("checked just above");
             node.spawn_only()?;
-            recovery_fired = Some(node.kill_aimed(m, "recovery", Duration::from_millis(a.aim_wait_ms))?);
+            let fired = node.kill_aimed(m, kind.split(' ').next().expect("a word"), Duration::from_millis(a.aim_wait_ms))?;
+            recovery_fired = Some((kind, fired));
             node.kill();
             early_kills += 1;
             if cut {
@@ -321,7 +324,7 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             cov.api_writes,
             early_ms.map(|m| format!(", early kill {m} ms after spawn")).unwrap_or_default()
                 + &aim.map(|(k, f)| format!(", aimed at {k}: {}", if f { "fired" } else { "did not fire, killed" })).unwrap_or_default()
-                + &recovery_fired.map(|f| format!(", early kill aimed at recovery: {}", if f { "fired" } else { "did not fire, killed" })).unwrap_or_default(),
+                + &recovery_fired.map(|(k, f)| format!(", early kill aimed at {k}: {}", if f { "fired" } else { "did not fire, killed" })).unwrap_or_default(),
             if kill_problems.is_empty() { String::new() } else { format!(" PROBLEMS: {kill_problems:?}") }
         );
         problems.extend(kill_problems.iter().map(|p| format!("kill {}: {p}", i + 1)));
@@ -339,7 +342,8 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
             "early_kill_ms": early_ms,
             "aimed_at": aim.map(|(k, _)| k),
             "aim_fired": aim.map(|(_, f)| f),
-            "recovery_aim_fired": recovery_fired,
+            "early_aimed_at": recovery_fired.map(|(k, _)| k),
+            "early_aim_fired": recovery_fired.map(|(_, f)| f),
             "restart_ms": restart_ms,
             "problems": kill_problems,
         }));
