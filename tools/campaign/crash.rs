@@ -78,8 +78,8 @@ pub struct CrashArgs {
     /// Share of the kills and cuts aimed (on the power-cut filesystem) at
     /// an operation instead of a moment: a commit's WAL fsync, a table
     /// file's write (a flush or a compaction), a MANIFEST write; and share
-    /// of the early kills aimed at the WAL's replay when the node opens its
-    /// store. An aim that does not fire within `--aim-wait-ms` falls back
+    /// of the early kills aimed at the node's open of its store (the WAL's
+    /// replay, or the MANIFEST it writes). An aim that does not fire within `--aim-wait-ms` falls back
     /// to a plain kill. Needs cuts (the filesystem); 0: none.
     #[arg(long, default_value_t = 0.5)]
     pub aimed_share: f64,
