@@ -813,7 +813,40 @@ fn main() -> std::process::ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::Dirty;
+    use super::{Dirty, PowerCut};
+    use std::io::Write;
+    use std::path::Path;
+
+    #[test]
+    fn a_cut_drops_what_was_not_synced() {
+        // SAFETY: no arguments, no side effects.
+        if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/fuse").exists() {
+            eprintln!("SKIPPED a_cut_drops_what_was_not_synced: it mounts, which needs /dev/fuse and root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (backing, mnt) = (dir.path().join("backing"), dir.path().join("mnt"));
+        let (fs, session) = PowerCut::mount(&backing, &mnt).unwrap();
+        let mut f = std::fs::File::create(mnt.join("synced")).unwrap();
+        f.write_all(b"kept").unwrap();
+        f.sync_data().unwrap();
+        f.write_all(b" lost").unwrap();
+        drop(f);
+        std::fs::write(mnt.join("unsynced"), b"lost").unwrap();
+        let mut t = std::fs::File::create(mnt.join("tmp")).unwrap();
+        t.write_all(b"renamed").unwrap();
+        t.sync_all().unwrap();
+        drop(t);
+        std::fs::rename(mnt.join("tmp"), mnt.join("CURRENT")).unwrap();
+        assert_eq!(std::fs::read(mnt.join("synced")).unwrap(), b"kept lost", "reads see unsynced writes");
+        assert_eq!(std::fs::read(backing.join("synced")).unwrap(), b"kept");
+        let c = fs.cut();
+        assert_eq!((c.cuts, c.dropped_files, c.dropped_bytes), (1, 2, 9));
+        assert_eq!(std::fs::read(mnt.join("synced")).unwrap(), b"kept");
+        assert_eq!(std::fs::read(mnt.join("unsynced")).unwrap(), b"", "created (durable at once), never synced");
+        assert_eq!(std::fs::read(mnt.join("CURRENT")).unwrap(), b"renamed");
+        session.umount_and_join().unwrap();
+    }
 
     #[test]
     fn extents_overlay_the_backing_file() {
