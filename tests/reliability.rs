@@ -144,7 +144,11 @@ fn crash_campaign_short_finds_acknowledged_losses_without_sync() {
         return;
     }
     let _g = serial();
-    let args = ["crash", "--kills", "1", "--cuts", "2", "--ops", "4000", "--rate", "1000", "--seed", "7", "--durability", "fast"];
+    // A failed campaign keeps its work directory: this one is the test's,
+    // removed when it ends (the filesystem is unmounted by then).
+    let work = tempfile::tempdir().unwrap();
+    let work_dir = work.path().to_str().unwrap();
+    let args = ["--work-dir", work_dir, "crash", "--kills", "1", "--cuts", "2", "--ops", "4000", "--rate", "1000", "--seed", "7", "--durability", "fast"];
     let (ok, r, tail) = run_campaign(&args);
     assert!(!ok, "the campaign passed with --durability fast:\n{r:#}\n{tail}");
     assert!(r["acknowledged_losses"].as_u64().unwrap() > 0, "no acknowledged loss found:\n{r:#}\n{tail}");
