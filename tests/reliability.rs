@@ -22,11 +22,37 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `dagfold-campaign ARGS` and returns its JSON report; panics with
-/// the report and the tail of its progress if it did not pass.
-fn campaign(args: &[&str]) -> serde_json::Value {
+/// The power-cut filesystem's binary (tools/powercut, its own workspace:
+/// tools/test.sh builds it beside the campaign's).
+fn powercut_bin() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_BIN_EXE_dagfold-campaign")).with_file_name("dagfold-powercut")
+}
+
+/// Whether power cuts can run here: FUSE (/dev/fuse) and the right to
+/// mount (root). Where they can, the power-cut binary must be built.
+fn power_cuts_here() -> bool {
+    // SAFETY: no arguments, no side effects.
+    let root = unsafe { libc::geteuid() } == 0;
+    let fuse = std::path::Path::new("/dev/fuse").exists();
+    if !(root && fuse) {
+        eprintln!("SKIPPED power cuts: they need /dev/fuse and root (/dev/fuse present: {fuse}, root: {root}); SIGKILLs only");
+        return false;
+    }
+    assert!(
+        powercut_bin().exists(),
+        "{} is missing: tools/test.sh builds it (cargo build --release --manifest-path tools/powercut/Cargo.toml --target-dir TARGET)",
+        powercut_bin().display()
+    );
+    true
+}
+
+/// Runs `dagfold-campaign ARGS`: whether it passed, its JSON report, the
+/// tail of its progress.
+fn run_campaign(args: &[&str]) -> (bool, serde_json::Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dagfold-campaign"))
         .args(["--dagfold-bin", env!("CARGO_BIN_EXE_dagfold"), "--loadgen-bin", env!("CARGO_BIN_EXE_dagfold-loadgen")])
+        .arg("--powercut-bin")
+        .arg(powercut_bin())
         .args(args)
         .output()
         .expect("running dagfold-campaign");
@@ -39,7 +65,14 @@ fn campaign(args: &[&str]) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no report from the campaign {args:?}; stderr:\n{stderr}"));
     let tail: Vec<&str> = stderr.lines().collect();
     let tail = tail[tail.len().saturating_sub(30)..].join("\n");
-    assert!(out.status.success() && report["ok"] == true, "campaign {args:?} failed:\n{report:#}\n--- stderr tail ---\n{tail}");
+    (out.status.success() && report["ok"] == true, report, tail)
+}
+
+/// Runs `dagfold-campaign ARGS` and returns its JSON report; panics with
+/// the report and the tail of its progress if it did not pass.
+fn campaign(args: &[&str]) -> serde_json::Value {
+    let (ok, report, tail) = run_campaign(args);
+    assert!(ok, "campaign {args:?} failed:\n{report:#}\n--- stderr tail ---\n{tail}");
     eprintln!("campaign {args:?}: {report}");
     report
 }
@@ -83,14 +116,43 @@ fn a_restarted_node_resets_the_connections_of_its_previous_run() {
     assert_eq!(key.len(), 32);
 }
 
-/// The crash campaign, short: 3 SIGKILLs under load (see tools/campaign/crash.rs).
+/// The crash campaign, short: 3 SIGKILLs and 3 power cuts under load
+/// (see tools/campaign/crash.rs); after each, everything the node
+/// acknowledged is in its store.
 #[test]
 fn crash_campaign_short() {
     let _g = serial();
-    let r = campaign(&["crash", "--kills", "3", "--ops", "4000", "--rate", "1000", "--seed", "7"]);
+    let cuts = if power_cuts_here() { "3" } else { "0" };
+    let r = campaign(&["crash", "--kills", "3", "--cuts", cuts, "--ops", "4000", "--rate", "1000", "--seed", "7"]);
     assert_eq!(r["kills"], 3);
+    assert_eq!(r["power_cuts"].as_u64(), cuts.parse().ok());
     assert!(r["opens"].as_u64().unwrap() >= 4, "the store opened at every restart");
     assert_eq!(r["root_a"], r["root"]);
+    assert_eq!(r["acknowledged_losses"], 0);
+    // The records were not empty: every event and API write was checked.
+    assert_eq!(r["acknowledged_at_end"]["events"], 4000);
+    assert!(r["acknowledged_at_end"]["api_writes"].as_u64().unwrap() > 0);
+    assert!(r["acknowledged_at_end"]["status_heads"].as_u64().unwrap() > 0);
+}
+
+/// The check has teeth: with `--durability fast` (commits not synced) the
+/// power cuts lose ops the node had acknowledged, and the campaign fails
+/// saying so.
+#[test]
+fn crash_campaign_short_finds_acknowledged_losses_without_sync() {
+    if !power_cuts_here() {
+        return;
+    }
+    let _g = serial();
+    // A failed campaign keeps its work directory: this one is the test's,
+    // removed when it ends (the filesystem is unmounted by then).
+    let work = tempfile::tempdir().unwrap();
+    let work_dir = work.path().to_str().unwrap();
+    let args = ["--work-dir", work_dir, "crash", "--kills", "1", "--cuts", "2", "--ops", "4000", "--rate", "1000", "--seed", "7", "--durability", "fast"];
+    let (ok, r, tail) = run_campaign(&args);
+    assert!(!ok, "the campaign passed with --durability fast:\n{r:#}\n{tail}");
+    assert!(r["acknowledged_losses"].as_u64().unwrap() > 0, "no acknowledged loss found:\n{r:#}\n{tail}");
+    assert!(r["problems"].as_array().unwrap().iter().any(|p| p.as_str().unwrap().contains("acknowledged loss")));
 }
 
 /// A subscription whose client went away is released at once, even on a

@@ -6,4 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/ensure-deps.sh
+# The crash campaign's power-cut filesystem (its own workspace, see
+# tools/powercut/Cargo.toml), beside the campaign's binary, and its tests.
+cargo build --release --quiet --manifest-path tools/powercut/Cargo.toml --target-dir "${CARGO_TARGET_DIR:-target}"
+cargo test --release --quiet --manifest-path tools/powercut/Cargo.toml --target-dir "${CARGO_TARGET_DIR:-target}"
 exec cargo test --release "$@"

@@ -1,8 +1,11 @@
 //! `dagfold-campaign`: the reliability campaigns of docs/RELIABILITY.md.
 //!
-//! - `crash`: a node under load, a subscriber and a peer; SIGKILL at seeded
-//!   random moments, restart, resend, sync; then the store and the events
-//!   are checked against the load generator.
+//! - `crash`: a node under load, a subscriber, API writes and a peer;
+//!   SIGKILLs and power cuts (its data directory on a FUSE filesystem that
+//!   drops unsynced writes, `powercut.rs`) at seeded random moments,
+//!   restart, resend, sync; after each, what the node acknowledged is
+//!   checked in its store, and at the end the store and the events against
+//!   the load generator.
 //! - `flood`: orphans, garbage frames, connection churn, subscribers that
 //!   never read, a sync request loop, forged heartbeats (while a real peer
 //!   converges); each while valid traffic is measured
@@ -16,10 +19,12 @@
 //! release binaries beside this one (`target/release/`), or `--dagfold-bin`
 //! / `--loadgen-bin`. Everything runs on loopback.
 
+mod acked;
 mod check;
 mod crash;
 mod disk;
 mod flood;
+mod powercut;
 mod proc;
 
 use std::path::PathBuf;
@@ -36,6 +41,10 @@ struct Cli {
     /// The `dagfold-loadgen` binary [default: beside this one].
     #[arg(long, global = true)]
     loadgen_bin: Option<PathBuf>,
+    /// The `dagfold-powercut` binary (tools/powercut; the crash campaign's
+    /// power cuts) [default: beside this one].
+    #[arg(long, global = true)]
+    powercut_bin: Option<PathBuf>,
     /// Where the nodes keep their data and logs [default: a fresh temporary
     /// directory, removed on success unless --keep].
     #[arg(long, global = true)]
@@ -63,6 +72,7 @@ fn main() -> ExitCode {
     let bins = proc::Bins {
         dagfold: cli.dagfold_bin.unwrap_or_else(|| here.join("dagfold")),
         loadgen: cli.loadgen_bin.unwrap_or_else(|| here.join("dagfold-loadgen")),
+        powercut: cli.powercut_bin.unwrap_or_else(|| here.join("dagfold-powercut")),
     };
     for b in [&bins.dagfold, &bins.loadgen] {
         if !b.exists() {

@@ -16,6 +16,8 @@ use dagfold::protocol::Hash;
 pub struct Bins {
     pub dagfold: PathBuf,
     pub loadgen: PathBuf,
+    /// The power-cut filesystem (tools/powercut), needed by crash runs with cuts.
+    pub powercut: PathBuf,
 }
 
 pub fn free_port() -> u16 {
@@ -178,6 +180,22 @@ impl NodeProc {
         std::thread::sleep(after);
         self.kill();
         Ok(())
+    }
+
+    /// Spawns the node without waiting for it to be up.
+    pub fn spawn_only(&mut self) -> anyhow::Result<()> {
+        self.spawn().map(drop)
+    }
+
+    /// Arms the power-cut filesystem to SIGKILL the node inside its next
+    /// operation of `kind` (tools/powercut), waits up to `wait` for it to
+    /// die, and disarms. Whether the aimed kill fired (if not, the node
+    /// still runs).
+    pub fn kill_aimed(&mut self, fs: &mut crate::powercut::PowerCut, kind: &str, wait: Duration) -> anyhow::Result<bool> {
+        let Some(pid) = self.pid() else { return Ok(false) };
+        fs.arm(kind, pid)?;
+        wait_until(wait, || !self.alive());
+        fs.disarm()
     }
 
     pub fn pid(&self) -> Option<u32> {
