@@ -120,7 +120,10 @@ impl RocksStore {
     /// restore (`TableScan` has no error path). The restore and the cold
     /// index read the same records right after, from the page cache. The
     /// event log is left out: the largest table, read later only through
-    /// reads that return their errors (`StoreReader::events`).
+    /// reads that return their errors (`StoreReader::events`). Cost
+    /// (2026-12-04, a store of 200,000 ops, 85 MB, page cache warm, three
+    /// alternating runs of `dagfold inspect`): 0.42–0.45 s to open and
+    /// restore without it, 0.56–0.59 s with it.
     fn verify_tables(&self) -> Result<(), StoreError> {
         for cf in Cf::ALL.into_iter().filter(|cf| *cf != Cf::Events) {
             let mut ro = rocksdb::ReadOptions::default();
