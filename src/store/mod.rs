@@ -44,7 +44,7 @@ pub enum StoreError {
     )]
     FormatUnknown { path: String, what: String },
     /// RocksDB found the files damaged at open (a WAL record or a table
-    /// block failing its checksum). Nothing was changed: opening anyway
+    /// block failing its checksum). No data was changed: opening anyway
     /// could roll back commits the node had acknowledged.
     #[error(
         "the store at {path} is corrupt and was not opened (its data was left as it is): {detail}. \

@@ -119,8 +119,9 @@ impl RocksStore {
     /// `StoreError::Corrupt` instead of a panic in the middle of the
     /// restore (`TableScan` has no error path). The restore and the cold
     /// index read the same records right after, from the page cache. The
-    /// event log is left out: the largest table, read later only through
-    /// reads that return their errors (`StoreReader::events`). Cost
+    /// event log is left out: the restore does not read it, and it is read
+    /// later only through reads that return their errors
+    /// (`StoreReader::events`). Cost
     /// (2026-12-04, a store of 200,000 ops, 85 MB, page cache warm, three
     /// alternating runs of `dagfold inspect`): 0.42–0.45 s to open and
     /// restore without it, 0.56–0.59 s with it.
