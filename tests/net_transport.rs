@@ -315,15 +315,28 @@ async fn a_full_channel_pushes_back_on_the_sender() {
     // Far more than the window holds: if the server buffered without bound,
     // every write would complete.
     const FRAMES_OFFERED: usize = 10_000;
-    const WRITE_BLOCKED_AFTER: Duration = Duration::from_millis(500);
+    // The writer is blocked when a write has been pending this long while
+    // the server held its whole share and decoded nothing more. On a busy
+    // machine a write may wait this long on a server that is merely slow:
+    // the server's progress is the condition, this only how often it is
+    // looked at.
+    const WRITE_PENDING: Duration = Duration::from_millis(500);
+    let decoder = server.decoder.clone();
+    let decoded = move || decoder.decoded.load(Ordering::SeqCst);
+    let blocked_by = tokio::time::Instant::now() + WAIT;
     let mut written = 0usize;
     let mut offset = 0usize;
     while written < FRAMES_OFFERED {
+        let decoded_before = decoded();
         // One `write` takes what flow control allows, or nothing if it is
         // cancelled while pending.
-        match timeout(WRITE_BLOCKED_AFTER, writer.send_stream().write(&wire[offset..])).await {
+        match timeout(WRITE_PENDING, writer.send_stream().write(&wire[offset..])).await {
             Ok(result) => offset += result.expect("write"),
-            Err(_blocked) => break,
+            Err(_pending) if decoded() == decoded_before && decoded_before >= SHARE_FRAMES => break,
+            Err(_pending) => {
+                assert!(tokio::time::Instant::now() < blocked_by, "the server went on decoding: {} frames", decoded());
+                continue;
+            }
         }
         if offset == wire.len() {
             written += 1;
@@ -340,8 +353,7 @@ async fn a_full_channel_pushes_back_on_the_sender() {
     assert!(written >= STREAM_WINDOW_BYTES as usize / FRAME_BYTES / 2, "blocked after only {written} frames");
 
     // The server took exactly what its byte share and channel hold.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let decoded = server.decoder.decoded.load(Ordering::SeqCst) as usize;
+    let decoded = decoded() as usize;
     assert!(decoded <= held_max, "the server decoded {decoded} frames with room for {held_max}");
 
     // Draining the channel lets the writer go on: it ends the frame it was
@@ -362,7 +374,9 @@ async fn a_full_channel_pushes_back_on_the_sender() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_frame_holds_only_its_origins_share_until_its_deadline() {
-    const FRAME_RECEIVE_TIMEOUT_MS: u32 = 1_000;
+    // Generous: every check that the share is held must come before it
+    // (a busy machine only makes the test wait longer).
+    const FRAME_RECEIVE_TIMEOUT: Duration = Duration::from_secs(6);
     let one = 1024 + u64::from(FRAME_CHARGE_OVERHEAD_BYTES);
     // An origin's share is one maximum frame, so one stalled frame fills it;
     // the global budget is two.
@@ -370,18 +384,32 @@ async fn a_stalled_frame_holds_only_its_origins_share_until_its_deadline() {
         frame_bytes_max: 1024,
         origin_frames_buffered_bytes_max: one,
         frames_buffered_bytes_max: 2 * one,
-        frame_receive_timeout_ms: FRAME_RECEIVE_TIMEOUT_MS,
+        frame_receive_timeout_ms: FRAME_RECEIVE_TIMEOUT.as_millis() as u32,
         ..ServerConfig::default()
     };
     let mut server = TestServer::start(cfg, 16).await;
     let (_endpoint, conn) = server.client().await;
 
-    // Announce a maximum frame and send only part of it.
+    // A small frame, then a maximum frame announced with only part of it
+    // sent, in one write: the server's stream task reads both at once and
+    // asks for the stalled frame's reservation as soon as it has queued
+    // the first. So once the first arrives, the stalled frame should hold
+    // the origin's share or wait first in line for it (tokio's semaphores
+    // are fair), and every later frame of the origin wait behind it.
+    let stalled_since = tokio::time::Instant::now();
     let mut stalled = conn.open_uni().await.expect("open uni");
-    stalled.write_all(&1024u32.to_le_bytes()).await.expect("write");
-    stalled.write_all(&[0; 10]).await.expect("write");
-    // Let the server reserve the budget for it before the next frame comes.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first = good(b"first");
+    let bytes = [&(first.len() as u32).to_le_bytes()[..], &first, &1024u32.to_le_bytes(), &[0; 10]].concat();
+    stalled.write_all(&bytes).await.expect("write");
+    assert_eq!(server.next().await.item, first);
+    // The server's deadline for the stalled frame is no earlier than this.
+    let deadline = stalled_since + FRAME_RECEIVE_TIMEOUT;
+    // Yet a frame of the origin sent right after the first one's arrival
+    // was delivered first, 16 ms in, once in six runs under load (with
+    // three busy loops; not understood yet: see the commit). A generous
+    // second for the reservation, well inside the deadline: it can only
+    // make the test slower.
+    tokio::time::sleep(Duration::from_secs(1)).await;
 
     let sender_conn = conn.clone();
     let sender = tokio::spawn(async move { send_frames_uni(&sender_conn, [good(b"waits")]).await });
@@ -389,16 +417,36 @@ async fn a_stalled_frame_holds_only_its_origins_share_until_its_deadline() {
     // share, even on another connection...
     let (_e2, same_origin) = server.client().await;
     let same = tokio::spawn(async move { send_frames_uni(&same_origin, [good(b"same origin")]).await });
-    let early = timeout(Duration::from_millis(300), server.items.recv()).await;
-    assert!(early.is_err(), "a frame was delivered while its origin's share was full");
     // ...but another origin goes on at once.
     let (_e3, other_origin) = server.client_from([127, 0, 0, 2]).await;
     send_frames_uni(&other_origin, [good(b"other origin")]).await.expect("acknowledged");
-    assert_eq!(server.next().await.item, good(b"other origin"));
+    let item = server.next().await.item;
+    assert!(tokio::time::Instant::now() < deadline, "too slow to test: the stalled frame's deadline passed before the other origin was served");
+    assert_eq!(
+        String::from_utf8_lossy(&item),
+        "\0other origin",
+        "a frame of the stalled origin was delivered while its share was full, at {:?}",
+        stalled_since.elapsed()
+    );
+    // Nothing of the stalled origin before its deadline (a frame that
+    // comes as it passes may be taken here: it is one of the late ones).
+    let mut late = Vec::new();
+    if let Ok(item) = tokio::time::timeout_at(deadline, server.items.recv()).await {
+        let item = item.expect("server running").item;
+        assert!(
+            tokio::time::Instant::now() >= deadline,
+            "a frame was delivered while its origin's share was full: {:?} at {:?}",
+            String::from_utf8_lossy(&item),
+            stalled_since.elapsed()
+        );
+        late.push(item);
+    }
 
     let stopped = timeout(WAIT, stalled.stopped()).await.expect("stopped in time").expect("connection alive");
     assert_eq!(stopped, Some(VarInt::from_u32(dagfold::net::ERR_TIMEOUT)));
-    let mut late = vec![server.next().await.item, server.next().await.item];
+    while late.len() < 2 {
+        late.push(server.next().await.item);
+    }
     late.sort();
     assert_eq!(late, vec![good(b"same origin"), good(b"waits")]);
     timeout(WAIT, sender).await.expect("in time").expect("task").expect("acknowledged");

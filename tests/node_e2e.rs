@@ -27,6 +27,24 @@ fn status_matches(n: &NodeProc, want: &serde_json::Value) -> bool {
     n.scope(&scope).is_some_and(|got| got == *want)
 }
 
+/// The applied count of `scope` in the node's status (0 before its genesis).
+fn applied(n: &NodeProc, scope: &[u8; 32]) -> u64 {
+    n.scope(scope).and_then(|s| s["applied"].as_u64()).unwrap_or(0)
+}
+
+/// The applied count of `scope` in a stopped node's store (`dagfold
+/// inspect`), 0 when its genesis is not applied.
+fn applied_on_disk(data_dir: &std::path::Path, scope: &[u8; 32]) -> u64 {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dagfold"))
+        .args(["inspect", "--data-dir", data_dir.to_str().unwrap()])
+        .output()
+        .expect("running dagfold inspect");
+    assert!(out.status.success(), "dagfold inspect: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect JSON");
+    let hex_scope = hex::encode(scope);
+    v.as_array().unwrap().iter().find(|s| s["scope"] == hex_scope.as_str()).and_then(|s| s["applied"].as_u64()).unwrap_or(0)
+}
+
 fn expected_status(e: &mut Engine, scope: &[u8; 32]) -> serde_json::Value {
     e.status(scope).expect("genesis applied").to_json()
 }
@@ -177,7 +195,9 @@ fn sigkilled_node_restarts_and_converges_with_its_peer() {
     let (p0, p1) = (peer_flags(d0.path(), l0), peer_flags(d1.path(), l1));
     let n0 = NodeProc::start(d0.path(), l0, loopback(free_port()), &[&p1[..], &["--heartbeat-ms".into(), "200".into()]].concat());
     let mut n1 = NodeProc::start(d1.path(), l1, loopback(free_port()), &[&p0[..], &["--heartbeat-ms".into(), "200".into()]].concat());
-    let w = workload_for(&n0, &WorkloadConfig { seed: 5, data_ops: 3000, writers: 2, ..Default::default() });
+    // Enough ops that node 1 takes a while over them (3,000 took it under
+    // one status interval, so a kill "while they flow" landed after them).
+    let w = workload_for(&n0, &WorkloadConfig { seed: 5, data_ops: 10_000, writers: 2, ..Default::default() });
     let keys = deliveries_for(&w, &[&n1]);
     let all: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
     send_frames(n0.listen, &all, 1, 1);
@@ -185,13 +205,21 @@ fn sigkilled_node_restarts_and_converges_with_its_peer() {
     let l1c = n1.listen;
     let frames = [keys, all.clone()].concat();
     let sender = std::thread::spawn(move || send_frames(l1c, &frames, 1, 1));
-    std::thread::sleep(Duration::from_millis(300));
+    // Killed once it has applied some of them (a condition, not a sleep:
+    // on a busy machine the node may not have started within any fixed
+    // time), and the kill must land before it applied them all.
+    let total = w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64;
+    let kill_at = total / 20;
+    assert!(wait_until_every(Duration::from_secs(60), Duration::from_millis(2), || applied(&n1, &w.scope) >= kill_at), "node 1 applied nothing: {:?}", n1.scope(&w.scope));
     n1.kill();
     let _ = sender.join();
+    let on_disk = applied_on_disk(&n1.data_dir, &w.scope);
+    assert!((kill_at..total).contains(&on_disk), "the kill landed mid-stream: {on_disk} of {total} applied on disk");
+    eprintln!("killed with {on_disk} of {total} ops applied on disk");
     n1.restart();
-    let total = w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64;
     for n in [&n0, &n1] {
-        let ok = wait_until(Duration::from_secs(60), || {
+        // Generous: catching up 10,000 ops on a busy machine.
+        let ok = wait_until(Duration::from_secs(180), || {
             n.scope(&w.scope).is_some_and(|s| s["root"] == hex::encode(w.final_root) && s["applied"] == total)
         });
         assert!(ok, "did not converge after the kill: {:?}", n.scope(&w.scope));
@@ -263,11 +291,17 @@ fn subscriber_sees_every_event_once_across_reconnect_and_restart() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Stopped once the subscription is live (the node counts it), so the
+    // subscriber has to resume across the restart.
+    assert!(wait_until(Duration::from_secs(30), || n.metric("dagfold_subscribers") >= 1.0), "the subscriber never connected");
     n.stop();
     n.restart();
     send_frames(n.listen, tail, 1, 1);
-    std::thread::sleep(Duration::from_millis(300));
+    // Frames acknowledged by the transport are not yet durable, and nothing
+    // resends them: killed only once every op is applied, so the restart
+    // loses no event the subscriber waits for.
+    let total = w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64;
+    assert!(wait_until(Duration::from_secs(60), || applied(&n, &w.scope) == total), "not all applied: {:?}", n.scope(&w.scope));
     n.kill();
     n.restart();
     let out = sub.wait_with_output().unwrap();

@@ -94,6 +94,8 @@ pub struct ScopeRecord {
 }
 
 pub const META_IDENTITY: &[u8] = b"identity";
+/// The store's format version in `Cf::Meta`: u32 LE (`store::FORMAT_VERSION`).
+pub const META_FORMAT: &[u8] = b"format";
 pub const META_SCOPE_PREFIX: &[u8] = b"scope/";
 /// A followed scope in `Cf::Meta` (key `follow/` ‖ id, empty value): its
 /// genesis is accepted whoever authored it (`Engine::follow`).

@@ -30,6 +30,53 @@ pub enum StoreError {
          Make it private (chmod 700 {path}) and consider the keys in it exposed if others could read them"
     )]
     NotPrivate { path: String, mode: u32 },
+    /// Written by a later dagfold: its layout may hold what this binary
+    /// would misread, so it is not opened.
+    #[error(
+        "the store at {path} has format version {found}; this dagfold reads versions up to {FORMAT_VERSION}. \
+         Run the newer dagfold that wrote it (a store is never converted back to an older format)"
+    )]
+    FormatTooNew { path: String, found: u32 },
+    /// A format record, or tables, this binary does not know.
+    #[error(
+        "the store at {path} is in no format this dagfold knows ({what}): written by a newer dagfold, not a dagfold \
+         store, or its meta table is damaged; it was left as it is"
+    )]
+    FormatUnknown { path: String, what: String },
+    /// RocksDB found the files damaged at open (a WAL record or a table
+    /// block failing its checksum). No data was changed: opening anyway
+    /// could roll back commits the node had acknowledged.
+    #[error(
+        "the store at {path} is corrupt and was not opened (its data was left as it is): {detail}. \
+         To resync from a peer: move the directory aside (mv {path} {path}.corrupt) and start the node again with \
+         --peer KEY@ADDR (docs/RELIABILITY.md, \"Corruption at open\")"
+    )]
+    Corrupt { path: String, detail: String },
+}
+
+/// The store's format version, in `Cf::Meta` under `core::META_FORMAT`
+/// (u32 LE), written when a store is created. Version 1 is the layout of
+/// docs/ARCHITECTURE.md, "Storage", as of 2026-12-04, the older records it
+/// still reads included; a store with no version was written before
+/// versions existed, holds that layout, and is given version 1 at its
+/// next open. A change of layout that an older binary would misread takes
+/// the next version; a binary refuses a store of a later version than its
+/// own (`StoreError::FormatTooNew`), and `tests/fixtures/store-v1` keeps
+/// a store of version 1 that every later binary must open.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Checks the format version of the store just opened at `path`, writing
+/// it where there is none (a new store, or one from before versions).
+pub fn check_format(store: &mut dyn Store, path: &std::path::Path) -> Result<(), StoreError> {
+    let path = path.display().to_string();
+    match store.get(Cf::Meta, crate::core::META_FORMAT)? {
+        None => store.write(&[Write::Put(Cf::Meta, crate::core::META_FORMAT.to_vec(), FORMAT_VERSION.to_le_bytes().to_vec())], true),
+        Some(v) => match <[u8; 4]>::try_from(v.as_slice()).map(u32::from_le_bytes) {
+            Ok(found) if (1..=FORMAT_VERSION).contains(&found) => Ok(()),
+            Ok(found) if found > FORMAT_VERSION => Err(StoreError::FormatTooNew { path, found }),
+            _ => Err(StoreError::FormatUnknown { path, what: format!("format record {}", hex::encode(&v)) }),
+        },
+    }
 }
 
 pub trait Store: TableScan + Send {

@@ -157,13 +157,19 @@ pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, f: impl FnMut() -> bool) -> bool {
+    wait_until_every(timeout, Duration::from_millis(50), f)
+}
+
+/// `wait_until` polling every `every`: a short one for a condition that
+/// may not hold long (a kill aimed while ops flow).
+pub fn wait_until_every(timeout: Duration, every: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if f() {
             return true;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(every);
     }
     false
 }
