@@ -5,6 +5,9 @@
 //! in-memory engine has moved past what is on disk, and only a reopen, which
 //! rebuilds the engine from disk, brings the two back together.
 
+// A store that fails its N-th operation, for the tests and campaigns.
+#[cfg(any(test, feature = "testkit"))]
+pub mod faulty;
 pub mod memory;
 #[cfg(feature = "rocksdb-store")]
 pub mod rocks;
