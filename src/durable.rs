@@ -13,6 +13,10 @@ pub struct InlineDriver<S: Store> {
     pub store: S,
     /// Sync the WAL on every commit (the durable default).
     pub sync: bool,
+    /// Why a write failed, once one did: from then on every call is
+    /// refused, one with nothing to write too, as the pipeline does
+    /// (`PipelineState::refusing`).
+    failed: Option<String>,
 }
 
 impl<S: Store> InlineDriver<S> {
@@ -22,18 +26,19 @@ impl<S: Store> InlineDriver<S> {
         let identity = load_or_create_identity(&mut store)?;
         let cold = store.cold_reader();
         let mut engine = Engine::restore(cfg, identity, &store, cold, now_ms);
-        let commit = engine.take_commit();
+        let commit = engine.take_commit()?;
         if !commit.writes.is_empty() {
             store.write(&commit.writes, true)?;
         }
         engine.note_durable(commit.number);
-        Ok(InlineDriver { engine, store, sync: true })
+        Ok(InlineDriver { engine, store, sync: true, failed: None })
     }
 
     /// Handles frames in order (signatures verified as one batch) and
     /// commits everything they changed in one atomic write. Events are
     /// returned only once that write is durable.
     pub fn handle_frames(&mut self, frames: &[Vec<u8>], now_ms: u64) -> Result<(Vec<Outcome>, Vec<EventOut>), StoreError> {
+        self.refuse_after_failure()?;
         let decoded: Vec<Option<Decoded>> = frames.iter().map(|f| crate::core::decode_frame(f).ok()).collect();
         let items: Vec<([u8; 32], [u8; 32], [u8; 64])> = decoded
             .iter()
@@ -62,13 +67,26 @@ impl<S: Store> InlineDriver<S> {
     }
 
     /// Writes what the engine changed; returns the events now durable.
+    /// A failed read of the engine's (`Engine::cold_failed`) is an error
+    /// here, as a failed write is, and so at every later commit.
     pub fn commit(&mut self) -> Result<Vec<EventOut>, StoreError> {
-        let commit = self.engine.take_commit();
+        self.refuse_after_failure()?;
+        let commit = self.engine.take_commit()?;
         if !commit.writes.is_empty() {
-            self.store.write(&commit.writes, self.sync)?;
+            if let Err(e) = self.store.write(&commit.writes, self.sync) {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
         }
         self.engine.note_durable(commit.number);
         Ok(commit.events)
+    }
+
+    fn refuse_after_failure(&self) -> Result<(), StoreError> {
+        match &self.failed {
+            Some(why) => Err(StoreError::Refusing(why.clone())),
+            None => Ok(()),
+        }
     }
 
     pub fn tick(&mut self, now_ms: u64) -> Result<(), StoreError> {

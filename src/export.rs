@@ -128,6 +128,10 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
     if let Some(why) = bad {
         return Err(ExportError::Inconsistent(why));
     }
+    // An op whose state could not be read is not left out silently.
+    if let Some(e) = node.engine.cold_failed() {
+        return Err(ExportError::Store(e.clone().into()));
+    }
     if ops.len() as u64 != status.applied {
         return Err(ExportError::Inconsistent(format!("{} applied ops stored for the scope, its status counts {}", ops.len(), status.applied)));
     }

@@ -225,7 +225,7 @@ fn geneses_follow_the_nodes_policy() {
     assert_eq!(e.handle_frame(&own, 0), Outcome::Applied, "the node's own genesis");
     assert_eq!(e.op_state(&own_id), OpState::Applied);
     e.follow(w.scope);
-    store.write(&e.take_commit().writes, true).unwrap();
+    store.write(&e.take_commit().unwrap().writes, true).unwrap();
     assert_eq!(e.handle_frame(genesis, 0), Outcome::Applied, "a followed scope's genesis");
 
     let restored = Engine::restore(strict, node(), &store, None, 0);

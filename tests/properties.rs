@@ -13,7 +13,7 @@ fn run(frames: &[&Vec<u8>]) -> Engine {
     let mut e = Engine::new(Config::default(), node());
     for f in frames {
         e.handle_frame(f, 0);
-        e.take_commit();
+        e.take_commit().unwrap();
     }
     e
 }

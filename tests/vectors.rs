@@ -22,7 +22,7 @@ fn check_scenario(path: &std::path::Path, order: &[usize], check_counts: bool) {
     let mut events: Vec<EventOut> = Vec::new();
     for &i in order {
         engine.handle_frame(&msgs[i], 0);
-        events.extend(engine.take_commit().events);
+        events.extend(engine.take_commit().unwrap().events);
     }
     let in_given_order = order.iter().copied().eq(0..msgs.len());
     let order_dependent = scn["divergences_order_dependent"].as_bool().unwrap_or(false)
@@ -131,7 +131,7 @@ fn scenarios_through_the_pipeline() {
         let shared = pipeline.shared.clone();
         pipeline.join();
         let mut restored = Engine::restore(Config::default(), node_identity(&scn), &store, None, 0);
-        restored.take_commit();
+        restored.take_commit().unwrap();
         for want in scn["expect"]["scopes"].as_array().unwrap().iter().map(expected_report) {
             let mut want = want;
             want.data_key_waiting.clear();

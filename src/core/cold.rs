@@ -18,11 +18,20 @@ use crate::protocol::Hash;
 /// it does not hold, never for one whose record a commit not yet written
 /// deletes). Called from the engine's thread; must see every write that
 /// has completed.
+///
+/// A failed read is an error, never "not found": taken for an unknown op,
+/// an applied one would be applied again (a second event, a count off by
+/// one). The engine stops on it (`Engine::take_commit`).
 pub trait ColdOps: Send {
-    fn get(&self, id: &Hash) -> Option<Vec<u8>>;
+    fn get(&self, id: &Hash) -> Result<Option<Vec<u8>>, ColdReadFailed>;
     /// Every stored op (id, bytes), for reports (tests and `inspect`).
     fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8]));
 }
+
+/// A read of the cold index failed: whether the op is applied is not known.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("reading an applied op back from the store failed: {0}")]
+pub struct ColdReadFailed(pub String);
 
 /// A blocked Bloom filter over op ids: each id sets `K` bits within one
 /// 64-byte block. Ids are SHA-256 outputs, so their own bytes serve as the

@@ -22,7 +22,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use super::buffers::{Buffered, Buffers};
-use super::cold::{ColdOps, IdFilter};
+use super::cold::{ColdOps, ColdReadFailed, IdFilter};
 use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
 use super::prejudge::{authorize, PreAuth, Prepared, VerifiedOp};
@@ -124,6 +124,13 @@ pub struct Engine {
     /// in `ops`.
     pub(super) cold: Option<Box<dyn ColdOps>>,
     pub(super) cold_filter: IdFilter,
+    /// The first failed read of the cold index. From it on the engine's
+    /// answers may be wrong (an applied op taken for unknown), so it judges
+    /// nothing more and `take_commit` hands out no more commits: as after a
+    /// failed write (`store`), only a reopen, which rebuilds the engine from
+    /// the store, brings the two back together. A cell, since `op_state`
+    /// reads through `&self`.
+    cold_failed: std::cell::OnceCell<ColdReadFailed>,
     /// Applied ops in `ops`, oldest first, with the number of the commit
     /// that applied them (an id read back from the cold index comes again).
     hot_order: VecDeque<(u64, Hash)>,
@@ -167,6 +174,7 @@ impl Engine {
             ops_deleted: Default::default(),
             cold: None,
             cold_filter: IdFilter::new(0),
+            cold_failed: std::cell::OnceCell::new(),
             hot_order: VecDeque::new(),
             commit_number: 0,
             durable_through: None,
@@ -218,14 +226,27 @@ impl Engine {
         (self.ops.len(), self.cold_filter.heap_bytes())
     }
 
-    /// An applied op of the cold index, read back from the store.
+    /// An applied op of the cold index, read back from the store. A failed
+    /// read is kept in `cold_failed` (the engine stops) and read as none:
+    /// nothing judged from here on is committed.
     pub(super) fn cold_op(&self, id: &Hash) -> Option<Op> {
         let cold = self.cold.as_ref()?;
         if !self.cold_filter.may_contain(id) || self.ops_deleted.contains_key(id) {
             return None;
         }
-        let bytes = cold.get(id)?;
+        let bytes = match cold.get(id) {
+            Ok(bytes) => bytes?,
+            Err(e) => {
+                let _ = self.cold_failed.set(e);
+                return None;
+            }
+        };
         Some(decode_op(&bytes).expect("a stored op decodes"))
+    }
+
+    /// The failed read of the cold index that stopped the engine, if any.
+    pub fn cold_failed(&self) -> Option<&ColdReadFailed> {
+        self.cold_failed.get()
     }
 
     /// Whether `id` is an applied op of the cold index.
@@ -321,9 +342,15 @@ impl Engine {
     }
 
     fn handle_verified(&mut self, v: VerifiedOp, now_ms: u64) -> Outcome {
+        if self.cold_failed().is_some() {
+            return Outcome::StoreFailed;
+        }
         if self.ops.contains_key(&v.id) || self.cold_applied(&v.id) {
             self.stats.duplicates += 1;
             return Outcome::Duplicate;
+        }
+        if self.cold_failed().is_some() {
+            return Outcome::StoreFailed;
         }
         if v.op.kind() == OpKind::Genesis {
             if let GenesisPolicy::Authors(authors) = &self.cfg.genesis_policy {
@@ -338,6 +365,9 @@ impl Engine {
         let id = v.id;
         let outcome = self.evaluate(v.op, v.bytes, id, None, Some(v.pre), now_ms);
         self.run_cascade(now_ms);
+        if self.cold_failed().is_some() {
+            return Outcome::StoreFailed;
+        }
         outcome
     }
 
@@ -378,6 +408,9 @@ impl Engine {
 
     /// A key delivery (SPEC §9).
     pub fn handle_key(&mut self, kd: &KeyDelivery, now_ms: u64) -> Outcome {
+        if self.cold_failed().is_some() {
+            return Outcome::StoreFailed;
+        }
         if kd.recipient != self.identity.public_key || self.keys.contains_key(&kd.key_id) {
             self.stats.keys_ignored += 1;
             return Outcome::KeyIgnored;
@@ -388,6 +421,9 @@ impl Engine {
         };
         self.add_key(key);
         self.run_cascade(now_ms);
+        if self.cold_failed().is_some() {
+            return Outcome::StoreFailed;
+        }
         Outcome::KeyAccepted
     }
 
@@ -840,6 +876,11 @@ impl Engine {
     pub(super) fn run_cascade(&mut self, now_ms: u64) {
         let mut steps: u64 = 0;
         while steps < self.cascade_budget {
+            if self.cold_failed().is_some() {
+                // Nothing judged from here is committed: stop.
+                self.work.clear();
+                break;
+            }
             let Some(id) = self.work.pop_front() else { break };
             steps += 1;
             assert!(steps <= limits::CASCADE_STEPS_MAX, "cascade exceeded its bound");
@@ -870,8 +911,14 @@ impl Engine {
         self.out.folds.len()
     }
 
-    /// Everything changed since the last call, as one atomic batch.
-    pub fn take_commit(&mut self) -> Commit {
+    /// Everything changed since the last call, as one atomic batch; an
+    /// error, now and at every later call, once a read of the cold index
+    /// failed (`cold_failed`): what was judged since may be wrong, and the
+    /// driver stops writing, as after a failed write.
+    pub fn take_commit(&mut self) -> Result<Commit, ColdReadFailed> {
+        if let Some(e) = self.cold_failed() {
+            return Err(e.clone());
+        }
         if !self.cancelled_buffer_puts.is_empty() {
             // Keep only the last put of a key whose record was put and then
             // released within this commit: drop every put of cancelled keys
@@ -899,7 +946,7 @@ impl Engine {
         if let Some(projector) = &mut self.projector {
             projector.finish_commit(&mut commit);
         }
-        commit
+        Ok(commit)
     }
 
     /// Hands the fold to the driver, to run after the engine (the node's
@@ -960,8 +1007,8 @@ pub(crate) mod tests {
     struct SharedCold(Arc<Mutex<MemStore>>);
 
     impl ColdOps for SharedCold {
-        fn get(&self, id: &Hash) -> Option<Vec<u8>> {
-            self.0.lock().unwrap().get(Cf::Ops, id).ok().flatten()
+        fn get(&self, id: &Hash) -> Result<Option<Vec<u8>>, ColdReadFailed> {
+            self.0.lock().unwrap().get(Cf::Ops, id).map_err(|e| ColdReadFailed(e.to_string()))
         }
 
         fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) {
@@ -988,7 +1035,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn write(e: &mut Engine, store: &Mutex<MemStore>) -> Commit {
-        let c = e.take_commit();
+        let c = e.take_commit().unwrap();
         store.lock().unwrap().write(&c.writes, true).unwrap();
         e.note_durable(c.number);
         c

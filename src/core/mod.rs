@@ -21,7 +21,7 @@ pub mod smt;
 pub mod tables;
 pub mod types;
 
-pub use cold::ColdOps;
+pub use cold::{ColdOps, ColdReadFailed};
 pub use commit::{Check, Commit, EventOut, Fold};
 pub use draft::{Draft, DraftRefused};
 pub use engine::Engine;

@@ -126,6 +126,7 @@ impl Engine {
     pub fn op_state(&self, id: &Hash) -> OpState {
         match self.ops.get(id) {
             None if self.cold_op(id).is_some() => OpState::Applied,
+            None if self.cold_failed().is_some() => OpState::Unreadable,
             None => OpState::Unknown,
             Some(Entry::Applied(_)) => OpState::Applied,
             Some(Entry::Dropped { reason, .. }) => OpState::Dropped(*reason),

@@ -208,10 +208,10 @@ mod tests {
         let old = Write::Put(Cf::Pending, data[1].id.to_vec(), seq_and_bytes(1_000, &data[1].frame[1..]));
         store.lock().unwrap().write(&[old], true).unwrap();
         let mut r = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
-        assert!(r.take_commit().writes.is_empty());
+        assert!(r.take_commit().unwrap().writes.is_empty());
         assert_eq!(r.op_state(&data[1].id), OpState::Buffered(BufKind::Pending));
         assert_eq!(r.handle_frame(&data[0].frame, 0), Outcome::Applied);
-        let c = r.take_commit();
+        let c = r.take_commit().unwrap();
         let mut ops: Vec<Vec<u8>> = puts(&c, Cf::Ops).into_iter().map(|(k, _)| k).collect();
         ops.sort();
         let mut want = vec![data[0].id.to_vec(), data[1].id.to_vec()];

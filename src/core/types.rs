@@ -82,6 +82,9 @@ pub enum Outcome {
     KeyAccepted,
     /// A key delivery not for us, that does not open, or already known.
     KeyIgnored,
+    /// Not judged: the engine stopped on a failed read of the store
+    /// (`Engine::cold_failed`), and judges nothing until it is rebuilt.
+    StoreFailed,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -212,6 +215,9 @@ pub struct Scope {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpState {
     Unknown,
+    /// The store failed to say (a failed read; the engine has stopped,
+    /// `Engine::cold_failed`): never taken for `Unknown`.
+    Unreadable,
     Applied,
     Dropped(Reason),
     Buffered(BufKind),

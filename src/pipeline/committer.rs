@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::Receiver;
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, histogram};
 
 use super::metrics::note_age;
 use super::{Committed, ConnId, PipelineState};
@@ -35,11 +35,8 @@ pub(super) fn run<S: Store>(
         if commit.writes.is_empty() {
             // Nothing to make durable (an in-memory key wait): publish only.
         } else if let Err(e) = store.write(&commit.writes, sync) {
-            eprintln!("dagfold: store write failed; the node accepts nothing more until restarted: {e}");
             counter!("dagfold_store_write_failures_total").increment(1);
-            gauge!("dagfold_store_refusing").set(1.0);
-            *shared.refusing_reason.lock().unwrap() = Some(e.to_string());
-            shared.refusing.store(true, Ordering::SeqCst);
+            shared.refuse("store write", &e);
             continue;
         }
         // Readable in the store from here (and durable, when syncing): the

@@ -30,6 +30,7 @@ pub(super) fn count_verdict(outcome: Outcome) {
         Outcome::NotYet(crate::core::BufKind::DataKeyWait) => "data_key_waiting",
         Outcome::KeyAccepted => "key_accepted",
         Outcome::KeyIgnored => "key_ignored",
+        Outcome::StoreFailed => "store_failed",
     };
     VERDICTS.with_borrow_mut(|v| v.entry(label).or_insert_with(|| (counter!("dagfold_received_total", "verdict" => label), 0)).1 += 1);
 }

@@ -288,6 +288,20 @@ pub struct PipelineState {
     pub(crate) verified: Arc<verified::VerifiedCache>,
 }
 
+impl PipelineState {
+    /// After a failed store write (the committer) or read (the orderer's
+    /// engine, `Engine::cold_failed`): the node accepts nothing more until
+    /// restarted, and says why (redb's rule, `store`).
+    fn refuse(&self, what: &str, e: &dyn std::fmt::Display) {
+        if self.refusing.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        eprintln!("dagfold: {what} failed; the node accepts nothing more until restarted: {e}");
+        ::metrics::gauge!("dagfold_store_refusing").set(1.0);
+        *self.refusing_reason.lock().unwrap() = Some(e.to_string());
+    }
+}
+
 pub struct Pipeline {
     pub shared: Arc<PipelineState>,
     threads: Vec<JoinHandle<()>>,

@@ -143,7 +143,18 @@ pub(super) fn run(
         if durable > 0 {
             engine.note_durable(durable - 1);
         }
-        let commit = engine.take_commit();
+        let commit = match engine.take_commit() {
+            Ok(commit) => commit,
+            Err(e) => {
+                // As after a failed write: nothing judged since is handed
+                // on (the commits before it are), nothing more is taken.
+                if !shared.refusing.load(Ordering::Relaxed) {
+                    counter!("dagfold_store_read_failures_total").increment(1);
+                }
+                shared.refuse("store read", &e);
+                continue;
+            }
+        };
         if let Some(outcomes) = &outcomes {
             outcomes.record(&mut hosts.drain().map(|(h, (useful, total))| (h, useful, total)));
         } else {

@@ -23,6 +23,11 @@ impl MemStore {
     pub fn table(&self, cf: Cf) -> Option<&BTreeMap<Vec<u8>, Vec<u8>>> {
         self.tables.get(cf.name())
     }
+
+    /// What a restart finds: the same tables, no fault armed, no refusal.
+    pub fn reopened(&self) -> MemStore {
+        MemStore { tables: self.tables.clone(), ..MemStore::default() }
+    }
 }
 
 impl TableScan for MemStore {

@@ -5,6 +5,9 @@
 //! in-memory engine has moved past what is on disk, and only a reopen, which
 //! rebuilds the engine from disk, brings the two back together.
 
+// A store that fails its N-th operation, for the tests and campaigns.
+#[cfg(any(test, feature = "testkit"))]
+pub mod faulty;
 pub mod memory;
 #[cfg(feature = "rocksdb-store")]
 pub mod rocks;
@@ -23,6 +26,10 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error("injected fault: {0}")]
     Injected(&'static str),
+    /// A read of applied ops back from the store failed: the engine stopped
+    /// (`core::Engine::cold_failed`), and nothing more is written.
+    #[error("the store refuses writes after a failed read; restart the node: {0}")]
+    ColdRead(#[from] crate::core::ColdReadFailed),
     /// The data directory holds the identity's secret keys, every group key
     /// and decrypted cells: a directory other users may enter is refused.
     #[error(

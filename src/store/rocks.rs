@@ -327,10 +327,10 @@ impl Store for RocksStore {
 }
 
 impl crate::core::ColdOps for StoreReader {
-    fn get(&self, id: &crate::protocol::Hash) -> Option<Vec<u8>> {
-        // A read error here is a failing disk: the op is then treated as
-        // unknown ("not yet"), never as something else.
-        StoreReader::get(self, Cf::Ops, id).ok().flatten()
+    fn get(&self, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, crate::core::ColdReadFailed> {
+        // A read error is a failing disk, and stops the engine: never taken
+        // for "not found" (`core::cold`).
+        StoreReader::get(self, Cf::Ops, id).map_err(|e| crate::core::ColdReadFailed(e.to_string()))
     }
 
     fn scan(&self, f: &mut dyn FnMut(&crate::protocol::Hash, &[u8])) {

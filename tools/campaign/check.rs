@@ -167,7 +167,7 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
     r.dropped = dropped.len() as u64;
     // Reopen as the node does.
     let mut engine = Engine::restore(Config::default(), identity.clone(), &store, None, 0);
-    let commit = engine.take_commit();
+    let commit = engine.take_commit().expect("no cold index, no cold read to fail");
     if !commit.writes.is_empty() && ready_pending == 0 {
         p(format!(
             "reopening re-judged buffered ops ({} writes, {} applied) though no stored pending op was ready",

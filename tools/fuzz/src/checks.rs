@@ -57,7 +57,7 @@ pub fn check_frame(data: &[u8]) {
     let mut e = Engine::new(Config::default(), node_identity());
     e.handle_frame(data, 0);
     e.handle_tick(u64::MAX);
-    e.take_commit();
+    e.take_commit().expect("no cold index");
 }
 
 // ----- payload --------------------------------------------------------------
@@ -312,7 +312,7 @@ impl Run {
     }
 
     fn commit(&mut self) {
-        let Commit { writes, events, .. } = self.engine.take_commit();
+        let Commit { writes, events, .. } = self.engine.take_commit().expect("no cold index, no cold read to fail");
         self.store.write(&writes, true).expect("the in-memory store takes every write");
         self.events.extend(events);
     }
