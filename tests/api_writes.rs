@@ -84,6 +84,10 @@ fn every_write_route_answers_and_refuses_as_api_md_says() {
     assert_eq!(refused(&n, &t, "POST", &members, Some(json!({ "public_key": pk, "kem_public_key": kem, "role": "owner" }))).0, 400);
     let g = ok(&n, &t, "GET", &members, None, 200);
     assert_eq!(g["members"].as_array().unwrap().len(), 2);
+    // The genesis names no `kem` for its author: the node fills in its own.
+    let own_kem = ok(&n, &t, "GET", "/v1/identity", None, 200)["kem_public_key"].clone();
+    let kems: Vec<(Value, Value)> = g["members"].as_array().unwrap().iter().map(|m| (m["public_key"].clone(), m["kem_public_key"].clone())).collect();
+    assert!(kems.contains(&(json!(me), own_kem)) && kems.contains(&(json!(pk), json!(kem))), "{kems:?}");
     ok(&n, &t, "PUT", &format!("{members}/{pk}"), Some(json!({"role": "reader"})), 200);
     let stranger = "cd".repeat(32);
     assert_eq!(refused(&n, &t, "PUT", &format!("{members}/{stranger}"), Some(json!({"role": "reader"}))), (404, "not_found".into()));

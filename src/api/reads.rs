@@ -80,7 +80,9 @@ async fn members(State(state): State<Arc<ApiState>>, Path(scope): Path<String>) 
         .map(|(key, role)| {
             json!({
                 "public_key": hex::encode(key),
-                "kem_public_key": g.kem.get(key).map(hex::encode),
+                // The genesis names no `kem` for its author; when that is
+                // this node, its own is known.
+                "kem_public_key": g.kem.get(key).or((*key == state.node.public_key).then_some(&state.node.kem_public)).map(hex::encode),
                 "role": role_name(*role),
             })
         })

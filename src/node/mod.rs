@@ -69,6 +69,8 @@ pub struct NodeShared {
     pub identity_json: String,
     /// The node's own identity key (the author of what the API writes).
     pub public_key: crate::protocol::PublicKey,
+    /// Its X25519 public key (keys are delivered to it under this one).
+    pub kem_public: [u8; 32],
     pub pipeline: Arc<crate::pipeline::PipelineState>,
     pub hub: Arc<Hub>,
     pub reader: StoreReader,
@@ -167,6 +169,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let shared = Arc::new(NodeShared {
         identity_json: identity_json(&identity).to_string(),
         public_key: identity.public_key,
+        kem_public: identity.kem_public,
         pipeline: pipe.shared.clone(),
         hub,
         reader,
