@@ -25,7 +25,7 @@ impl<S: Store> InlineDriver<S> {
     pub fn open(mut store: S, cfg: Config, now_ms: u64) -> Result<Self, StoreError> {
         let identity = load_or_create_identity(&mut store)?;
         let cold = store.cold_reader();
-        let mut engine = Engine::restore(cfg, identity, &store, cold, now_ms);
+        let mut engine = Engine::restore(cfg, identity, &store, cold, now_ms)?;
         let commit = engine.take_commit()?;
         if !commit.writes.is_empty() {
             store.write(&commit.writes, true)?;

@@ -228,7 +228,7 @@ fn geneses_follow_the_nodes_policy() {
     store.write(&e.take_commit().unwrap().writes, true).unwrap();
     assert_eq!(e.handle_frame(genesis, 0), Outcome::Applied, "a followed scope's genesis");
 
-    let restored = Engine::restore(strict, node(), &store, None, 0);
+    let restored = Engine::restore(strict, node(), &store, None, 0).expect("the tables read back");
     assert!(restored.follows(&w.scope), "following is durable");
 
     let trusted = Config { genesis_policy: GenesisPolicy::Authors(vec![w.admin.public_key]), ..Config::default() };

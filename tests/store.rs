@@ -88,7 +88,7 @@ fn a_failed_write_refuses_everything_after() {
     disk.fail_after_writes = None;
     let mut fresh = MemStore::new();
     for cf in Cf::ALL {
-        disk.scan(cf, &mut |k, v| fresh.write(&[dagfold::core::Write::Put(cf, k.to_vec(), v.to_vec())], false).unwrap());
+        disk.scan(cf, &mut |k, v| fresh.write(&[dagfold::core::Write::Put(cf, k.to_vec(), v.to_vec())], false).unwrap()).expect("the table reads back");
     }
     let reopened = InlineDriver::open(fresh, Config::default(), 0).unwrap();
     assert_eq!(reopened.engine.applied_total(), 1, "only the genesis was durable");
@@ -97,18 +97,18 @@ fn a_failed_write_refuses_everything_after() {
 /// Reads the applied ops and keys of a store and folds them afresh.
 fn fresh_fold_of_store(store: &RocksStore, identity: dagfold::core::Identity) -> Engine {
     let mut e = Engine::new(Config::default(), identity);
-    store.scan(Cf::Keys, &mut |_, v| e.add_key(v.try_into().unwrap()));
+    store.scan(Cf::Keys, &mut |_, v| e.add_key(v.try_into().unwrap())).expect("the table reads back");
     let mut pending = std::collections::HashSet::new();
     store.scan(Cf::Pending, &mut |k, _| {
         pending.insert(k.to_vec());
-    });
+    }).expect("the table reads back");
     let mut ops = Vec::new();
     // The ops table holds the pending ops too (each with a pending record).
     store.scan(Cf::Ops, &mut |k, v| {
         if !pending.contains(k) {
             ops.push(v.to_vec())
         }
-    });
+    }).expect("the table reads back");
     // Reverse id order: an arbitrary order, the cascade sorts it out.
     ops.reverse();
     for bytes in ops {
@@ -123,13 +123,13 @@ fn fresh_fold_of_store(store: &RocksStore, identity: dagfold::core::Identity) ->
 fn check_store_consistent(dir: &std::path::Path, scn: &serde_json::Value) -> (u64, usize) {
     let store = RocksStore::open(dir).unwrap();
     let mut stored = 0;
-    store.scan(Cf::Ops, &mut |_, _| stored += 1);
+    store.scan(Cf::Ops, &mut |_, _| stored += 1).expect("the table reads back");
     // Every applied op's dependencies are applied.
     let mut applied: HashMap<Hash, Vec<Hash>> = HashMap::new();
     let mut pending = std::collections::HashSet::new();
     store.scan(Cf::Pending, &mut |k, _| {
         pending.insert(k.to_vec());
-    });
+    }).expect("the table reads back");
     store.scan(Cf::Ops, &mut |k, v| {
         if pending.contains(k) {
             return;
@@ -140,7 +140,7 @@ fn check_store_consistent(dir: &std::path::Path, scn: &serde_json::Value) -> (u6
             deps.extend(op.cut.iter().copied());
         }
         applied.insert(k.try_into().unwrap(), deps);
-    });
+    }).expect("the table reads back");
     for (id, deps) in &applied {
         for d in deps {
             assert!(applied.contains_key(d), "applied op {} has unapplied dependency {}", hex::encode(id), hex::encode(d));
@@ -523,7 +523,7 @@ fn rocksdb_flush_threads_run_niced_and_compaction_does_not() {
 fn the_cell_index_is_written_with_the_cells_and_built_for_an_older_store() {
     let items = |store: &RocksStore| {
         let mut records = Vec::new();
-        store.scan(Cf::Items, &mut |k, v| records.push((k.to_vec(), v.to_vec())));
+        store.scan(Cf::Items, &mut |k, v| records.push((k.to_vec(), v.to_vec()))).expect("the table reads back");
         records
     };
     let dir = tempfile::tempdir().unwrap();
@@ -536,7 +536,7 @@ fn the_cell_index_is_written_with_the_cells_and_built_for_an_older_store() {
     node.handle_frames(&frames, 0).unwrap();
     let written = items(&node.store);
     let mut cells = 0;
-    node.store.scan(Cf::Projection, &mut |_, _| cells += 1);
+    node.store.scan(Cf::Projection, &mut |_, _| cells += 1).expect("the table reads back");
     assert!(cells > 0);
     let entities = written.iter().filter(|(k, _)| k[32] == 0).count();
     assert_eq!(written.len() - entities, cells, "one index record a cell");

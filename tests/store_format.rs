@@ -52,7 +52,7 @@ fn content(node: &mut InlineDriver<RocksStore>) -> serde_json::Value {
     let mut records = serde_json::Map::new();
     for cf in Cf::ALL {
         let mut n = 0u64;
-        dagfold::core::TableScan::scan(&node.store, cf, &mut |_, _| n += 1);
+        dagfold::core::TableScan::scan(&node.store, cf, &mut |_, _| n += 1).expect("the table reads back");
         records.insert(cf.name().into(), n.into());
     }
     serde_json::json!({

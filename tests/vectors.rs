@@ -85,7 +85,7 @@ fn scenarios_shuffled_and_duplicated() {
 struct SharedStore(Arc<Mutex<MemStore>>);
 
 impl TableScan for SharedStore {
-    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), dagfold::core::ScanFailed> {
         self.0.lock().unwrap().scan(cf, f)
     }
 }
@@ -130,7 +130,7 @@ fn scenarios_through_the_pipeline() {
         drop(tx);
         let shared = pipeline.shared.clone();
         pipeline.join();
-        let mut restored = Engine::restore(Config::default(), node_identity(&scn), &store, None, 0);
+        let mut restored = Engine::restore(Config::default(), node_identity(&scn), &store, None, 0).expect("the tables read back");
         restored.take_commit().unwrap();
         for want in scn["expect"]["scopes"].as_array().unwrap().iter().map(expected_report) {
             let mut want = want;

@@ -1068,7 +1068,7 @@ pub(crate) mod tests {
         want.sort();
         assert_eq!(ops, want, "the parked ops' encodings, in the ops table");
         assert!(puts(&parked, Cf::Pending).iter().all(|(_, len)| *len == 8), "pending records hold a seq");
-        let reopened = Engine::restore(Config::default(), id.clone(), &*store.lock().unwrap(), None, 0);
+        let reopened = Engine::restore(Config::default(), id.clone(), &*store.lock().unwrap(), None, 0).expect("the tables read back");
         assert_eq!(reopened.op_state(&data[1].id), OpState::Buffered(BufKind::Pending));
         assert_eq!(reopened.op_state(&data[2].id), OpState::Buffered(BufKind::Pending));
         assert_eq!(e.handle_frame(&data[0].frame, 0), Outcome::Applied);
@@ -1078,7 +1078,7 @@ pub(crate) mod tests {
         let gossip: Vec<Hash> = released.released.iter().map(|(i, _)| *i).collect();
         assert_eq!(gossip, vec![data[1].id, data[2].id]);
         assert!(released.released.iter().all(|(i, b)| data.iter().any(|m| m.id == *i && m.frame[1..] == b[..])));
-        let reopened = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
+        let reopened = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0).expect("the tables read back");
         assert_eq!(reopened.applied_total(), e.applied_total());
         assert_eq!(reopened.buffered_total().0, 0);
     }

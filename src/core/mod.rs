@@ -27,7 +27,7 @@ pub use draft::{Draft, DraftRefused};
 pub use engine::Engine;
 pub use prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 pub use projector::{Projector, ProjectorStats};
-pub use restore::TableScan;
+pub use restore::{ScanFailed, TableScan};
 pub use tables::{Cf, ScopeRecord, Write, META_DELIVERY_PREFIX, META_FOLLOW_PREFIX, META_FORMAT, META_IDENTITY, META_SCOPE_PREFIX};
 pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};
 /// Frame decoding lives in `protocol`; re-exported here for the drivers.

@@ -20,17 +20,25 @@ use crate::protocol::codec::{decode_gov_payload, decode_op, op_body};
 use crate::protocol::crypto::delta_id_of_body;
 use crate::protocol::{Hash, PLANE_GOVERNANCE};
 
-/// Read access to the tables, for `Engine::restore`.
+/// Read access to the tables, for `Engine::restore`. A failed read (a
+/// damaged table) ends the scan with an error, which ends the restore:
+/// the open fails with it, never a panic and never a partial engine.
 pub trait TableScan {
-    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8]));
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), ScanFailed>;
 
     /// Whether `cf` holds no record (a store overrides this scan of all).
-    fn is_empty(&self, cf: Cf) -> bool {
+    fn is_empty(&self, cf: Cf) -> Result<bool, ScanFailed> {
         let mut empty = true;
-        self.scan(cf, &mut |_, _| empty = false);
-        empty
+        self.scan(cf, &mut |_, _| empty = false)?;
+        Ok(empty)
     }
 }
+
+/// A read of the tables at open failed (the store's own message: for a
+/// damaged table, what to do).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ScanFailed(pub String);
 
 impl Engine {
     /// Rebuilds the in-memory indexes from the tables written by earlier
@@ -40,7 +48,13 @@ impl Engine {
     ///
     /// With a cold index (`cold`, reading the same store), the applied ops
     /// read back go to its filter, not to the in-memory index.
-    pub fn restore(cfg: Config, identity: Identity, t: &dyn TableScan, cold: Option<Box<dyn ColdOps>>, now_ms: u64) -> Engine {
+    pub fn restore(
+        cfg: Config,
+        identity: Identity,
+        t: &dyn TableScan,
+        cold: Option<Box<dyn ColdOps>>,
+        now_ms: u64,
+    ) -> Result<Engine, ScanFailed> {
         let mut e = Engine::new(cfg, identity);
         if let Some(cold) = cold {
             e.set_cold(cold);
@@ -50,7 +64,7 @@ impl Engine {
             let key: [u8; 32] = v.try_into().expect("a group key is 32 bytes");
             assert_eq!(crate::protocol::crypto::key_id_of(&key), key_id, "stored key matches its id");
             e.keys.insert(key_id, key);
-        });
+        })?;
         t.scan(Cf::Meta, &mut |k, v| {
             if let Some(scope) = k.strip_prefix(META_FOLLOW_PREFIX) {
                 e.followed.insert(scope.try_into().expect("followed scope id is 32 bytes"));
@@ -67,11 +81,11 @@ impl Engine {
                 s.event_seq = rec.event_seq;
                 e.projector.as_mut().expect("a new engine folds").restore_divergences(scope, rec.divergences);
             }
-        });
+        })?;
         let mut gov_records: HashMap<Hash, Vec<u8>> = HashMap::new();
         t.scan(Cf::Governance, &mut |k, v| {
             gov_records.insert(k.try_into().expect("op id is 32 bytes"), v.to_vec());
-        });
+        })?;
         // Pending records first: the ops table holds their ops, which are
         // not applied. A record is the op's seq; one written before session
         // 13 is seq ‖ op, its op not in the ops table.
@@ -80,7 +94,7 @@ impl Engine {
             let seq = u64::from_le_bytes(v[..8].try_into().expect("a pending record starts with its seq"));
             let old_layout = v.len() > 8;
             pending.insert(k.try_into().expect("op id is 32 bytes"), (seq, old_layout.then(|| v[8..].to_vec()), !old_layout));
-        });
+        })?;
         let mut per_scope_applied: HashMap<u32, u64> = HashMap::new();
         t.scan(Cf::Ops, &mut |k, v| {
             let id: Hash = k.try_into().expect("op id is 32 bytes");
@@ -105,7 +119,7 @@ impl Engine {
                 let p = decode_gov_payload(&rec[4..]).expect("stored governance payload decodes");
                 e.gov.insert(id, GovNode { parents: op.parents, depth, author: op.author, actions: p.actions });
             }
-        });
+        })?;
         assert!(gov_records.is_empty(), "every governance record has its op");
         for (scope, n) in per_scope_applied {
             assert_eq!(e.scopes[scope as usize].applied, n, "scope record counts its applied ops");
@@ -118,16 +132,16 @@ impl Engine {
             e.scope_idx(&scope);
             e.projector.as_mut().expect("a new engine folds").restore_cell(scope, path, entity, key, cell);
             cells += 1;
-        });
+        })?;
         // A store written before the cell index (`Cf::Items`) has cells and
         // no index records; every cell has its records since, written with
         // it: build them once, in the commit of the restore.
-        if cells > 0 && t.is_empty(Cf::Items) {
+        if cells > 0 && t.is_empty(Cf::Items)? {
             t.scan(Cf::Projection, &mut |k, v| {
                 let scope: Hash = k[..32].try_into().expect("scope ‖ path");
                 let (entity, key, _) = decode_cell_record(v);
                 e.out.writes.extend(item_index_writes(&scope, &entity, &key));
-            });
+            })?;
         }
         let mut dropped: Vec<(u64, Hash, Reason, Hash)> = Vec::new();
         t.scan(Cf::Dropped, &mut |k, v| {
@@ -135,7 +149,7 @@ impl Engine {
             let scope: Hash = v[1..33].try_into().unwrap();
             let seq = u64::from_le_bytes(v[33..41].try_into().unwrap());
             dropped.push((seq, k.try_into().unwrap(), reason, scope));
-        });
+        })?;
         dropped.sort();
         for (seq, id, reason, scope) in dropped {
             let scope = e.scope_idx(&scope);
@@ -150,7 +164,7 @@ impl Engine {
         t.scan(Cf::KeyWaits, &mut |k, v| {
             let seq = u64::from_le_bytes(v[..8].try_into().unwrap());
             buffered.push((seq, k.try_into().unwrap(), v[8..].to_vec(), BufKind::KeyWait, false));
-        });
+        })?;
         buffered.sort_by_key(|b| b.0);
         for (seq, id, bytes, kind, in_ops) in buffered {
             let op = decode_op(&bytes).expect("a buffered op decodes");
@@ -187,7 +201,7 @@ impl Engine {
             }
         }
         e.run_cascade(now_ms);
-        e
+        Ok(e)
     }
 }
 
@@ -207,7 +221,7 @@ mod tests {
         let (id, data, store, _) = chain(2, Config::default());
         let old = Write::Put(Cf::Pending, data[1].id.to_vec(), seq_and_bytes(1_000, &data[1].frame[1..]));
         store.lock().unwrap().write(&[old], true).unwrap();
-        let mut r = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0);
+        let mut r = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0).expect("the tables read back");
         assert!(r.take_commit().unwrap().writes.is_empty());
         assert_eq!(r.op_state(&data[1].id), OpState::Buffered(BufKind::Pending));
         assert_eq!(r.handle_frame(&data[0].frame, 0), Outcome::Applied);

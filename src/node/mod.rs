@@ -117,7 +117,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         ..Config::default()
     };
     let started = std::time::Instant::now();
-    let mut engine = Engine::restore(engine_cfg, identity.clone(), &store, store.cold_reader(), now_ms());
+    let mut engine = Engine::restore(engine_cfg, identity.clone(), &store, store.cold_reader(), now_ms()).map_err(crate::store::StoreError::from)?;
     let restore_commit = engine.take_commit().map_err(crate::store::StoreError::from)?;
     if !restore_commit.writes.is_empty() {
         store.write(&restore_commit.writes, true)?;

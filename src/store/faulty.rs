@@ -65,7 +65,7 @@ impl FaultyStore {
 }
 
 impl TableScan for FaultyStore {
-    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), crate::core::ScanFailed> {
         self.durable.lock().unwrap().scan(cf, f)
     }
 }

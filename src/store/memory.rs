@@ -31,12 +31,13 @@ impl MemStore {
 }
 
 impl TableScan for MemStore {
-    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), crate::core::ScanFailed> {
         if let Some(t) = self.tables.get(cf.name()) {
             for (k, v) in t {
                 f(k, v);
             }
         }
+        Ok(())
     }
 }
 

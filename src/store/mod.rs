@@ -30,6 +30,10 @@ pub enum StoreError {
     /// (`core::Engine::cold_failed`), and nothing more is written.
     #[error("the store refuses writes after a failed read; restart the node: {0}")]
     ColdRead(#[from] crate::core::ColdReadFailed),
+    /// A read of the tables at open failed (`core::TableScan`): the message
+    /// is the store's (for a damaged table, `Corrupt`'s, with what to do).
+    #[error("{0}")]
+    Scan(#[from] crate::core::ScanFailed),
     /// The data directory holds the identity's secret keys, every group key
     /// and decrypted cells: a directory other users may enter is refused.
     #[error(

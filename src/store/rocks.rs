@@ -108,35 +108,11 @@ impl RocksStore {
         let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| corrupt_or(path, e))?;
         // RocksDB starts its pools' threads with the first database open.
         lower_flush_priority();
+        // A damaged table is found by the restore's read of it
+        // (`TableScan::scan`, `StoreError::Scan` with `Corrupt`'s message).
         let mut store = RocksStore { db: Arc::new(db), failed: None, path: path.to_path_buf() };
-        store.verify_tables()?;
         super::check_format(&mut store, path)?;
         Ok(store)
-    }
-
-    /// Reads every record of the tables that `Engine::restore` reads, so
-    /// that a block failing its checksum stops the open with
-    /// `StoreError::Corrupt` instead of a panic in the middle of the
-    /// restore (`TableScan` has no error path). The restore and the cold
-    /// index read the same records right after, from the page cache. The
-    /// event log is left out: the restore does not read it, and it is read
-    /// later only through reads that return their errors
-    /// (`StoreReader::events`). Cost
-    /// (2026-12-04, a store of 200,000 ops, 85 MB, page cache warm, three
-    /// alternating runs of `dagfold inspect`): 0.42–0.45 s to open and
-    /// restore without it, 0.56–0.59 s with it.
-    fn verify_tables(&self) -> Result<(), StoreError> {
-        for cf in Cf::ALL.into_iter().filter(|cf| *cf != Cf::Events) {
-            let mut ro = rocksdb::ReadOptions::default();
-            ro.fill_cache(false);
-            let mut it = self.db.raw_iterator_cf_opt(self.cf(cf), ro);
-            it.seek_to_first();
-            while it.valid() {
-                it.next();
-            }
-            it.status().map_err(|e| corrupt_or(&self.path, e))?;
-        }
-        Ok(())
     }
 
     fn cf(&self, cf: Cf) -> &rocksdb::ColumnFamily {
@@ -233,17 +209,21 @@ fn cf_and_key(w: &Write) -> (u8, &[u8]) {
 }
 
 impl TableScan for RocksStore {
-    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) {
+    fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), crate::core::ScanFailed> {
         for item in self.db.iterator_cf(self.cf(cf), IteratorMode::Start) {
-            let (k, v) = item.expect("reading the store at open");
+            // A block failing its checksum: `StoreError::Corrupt`, whose
+            // message says what to do.
+            let (k, v) = item.map_err(|e| crate::core::ScanFailed(corrupt_or(&self.path, e).to_string()))?;
             f(&k, &v);
         }
+        Ok(())
     }
 
-    fn is_empty(&self, cf: Cf) -> bool {
+    fn is_empty(&self, cf: Cf) -> Result<bool, crate::core::ScanFailed> {
         let mut it = self.db.raw_iterator_cf(self.cf(cf));
         it.seek_to_first();
-        !it.valid()
+        it.status().map_err(|e| crate::core::ScanFailed(corrupt_or(&self.path, e).to_string()))?;
+        Ok(!it.valid())
     }
 }
 

@@ -52,7 +52,7 @@ impl StoreReport {
 
 fn scan(store: &RocksStore, cf: Cf) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut out = Vec::new();
-    store.scan(cf, &mut |k, v| out.push((k.to_vec(), v.to_vec())));
+    store.scan(cf, &mut |k, v| out.push((k.to_vec(), v.to_vec()))).expect("the table reads back");
     out
 }
 
@@ -166,7 +166,13 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
     r.key_waits = key_waits;
     r.dropped = dropped.len() as u64;
     // Reopen as the node does.
-    let mut engine = Engine::restore(Config::default(), identity.clone(), &store, None, 0);
+    let mut engine = match Engine::restore(Config::default(), identity.clone(), &store, None, 0) {
+        Ok(e) => e,
+        Err(e) => {
+            r.problems.push(format!("the store's tables did not read back: {e}"));
+            return r;
+        }
+    };
     let commit = engine.take_commit().expect("no cold index, no cold read to fail");
     if !commit.writes.is_empty() && ready_pending == 0 {
         p(format!(

@@ -327,7 +327,7 @@ impl Run {
         }
         self.key_timeouts += self.engine.stats.key_timeouts;
         self.evicted += self.engine.stats.evicted;
-        self.engine = Engine::restore(cfg.clone(), node_identity(), &self.store, None, now_ms);
+        self.engine = Engine::restore(cfg.clone(), node_identity(), &self.store, None, now_ms).expect("the tables read back");
         self.commit();
         let after = reports(&mut self.engine, false, true);
         assert_same(&before, &after, "Engine::restore from the committed writes gives the same state");
