@@ -284,7 +284,9 @@ pub struct PipelineState {
     /// it (`Governance::state_at_shared`, under the read lock).
     pub governance: Arc<RwLock<Governance>>,
     /// Signatures known valid (`verified.rs`): the verifiers' cache, which
-    /// the node's API adds its own fresh signatures to (`node::author`).
+    /// the node's API adds its own fresh signatures to (`node::author`,
+    /// built with the `rocksdb-store` feature).
+    #[cfg_attr(not(feature = "rocksdb-store"), allow(dead_code))]
     pub(crate) verified: Arc<verified::VerifiedCache>,
 }
 
