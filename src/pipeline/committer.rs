@@ -36,7 +36,7 @@ pub(super) fn run<S: Store>(
             // Nothing to make durable (an in-memory key wait): publish only.
         } else if let Err(e) = store.write(&commit.writes, sync) {
             counter!("dagfold_store_write_failures_total").increment(1);
-            shared.refuse("store write", &e);
+            let _ = shared.refuse("store write", &e);
             continue;
         }
         // Readable in the store from here (and durable, when syncing): the

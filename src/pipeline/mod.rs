@@ -293,14 +293,16 @@ pub struct PipelineState {
 impl PipelineState {
     /// After a failed store write (the committer) or read (the orderer's
     /// engine, `Engine::cold_failed`): the node accepts nothing more until
-    /// restarted, and says why (redb's rule, `store`).
-    fn refuse(&self, what: &str, e: &dyn std::fmt::Display) {
+    /// restarted, and says why (redb's rule, `store`). Whether this call
+    /// is the one that stopped it.
+    fn refuse(&self, what: &str, e: &dyn std::fmt::Display) -> bool {
         if self.refusing.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return;
+            return false;
         }
         eprintln!("dagfold: {what} failed; the node accepts nothing more until restarted: {e}");
         ::metrics::gauge!("dagfold_store_refusing").set(1.0);
         *self.refusing_reason.lock().unwrap() = Some(e.to_string());
+        true
     }
 }
 

@@ -148,10 +148,9 @@ pub(super) fn run(
             Err(e) => {
                 // As after a failed write: nothing judged since is handed
                 // on (the commits before it are), nothing more is taken.
-                if !shared.refusing.load(Ordering::Relaxed) {
+                if shared.refuse("store read", &e) {
                     counter!("dagfold_store_read_failures_total").increment(1);
                 }
-                shared.refuse("store read", &e);
                 continue;
             }
         };

@@ -134,6 +134,13 @@ impl RocksStore {
     }
 }
 
+impl RocksStore {
+    /// A read error of the restore's scan, with `corrupt_or`'s message.
+    fn scan_failed(&self, e: rocksdb::Error) -> crate::core::ScanFailed {
+        crate::core::ScanFailed(corrupt_or(&self.path, e).to_string())
+    }
+}
+
 /// `StoreError::Corrupt` for RocksDB's corruption errors (checksums,
 /// damaged files), else the error as it is.
 fn corrupt_or(path: &Path, e: rocksdb::Error) -> StoreError {
@@ -213,7 +220,7 @@ impl TableScan for RocksStore {
         for item in self.db.iterator_cf(self.cf(cf), IteratorMode::Start) {
             // A block failing its checksum: `StoreError::Corrupt`, whose
             // message says what to do.
-            let (k, v) = item.map_err(|e| crate::core::ScanFailed(corrupt_or(&self.path, e).to_string()))?;
+            let (k, v) = item.map_err(|e| self.scan_failed(e))?;
             f(&k, &v);
         }
         Ok(())
@@ -222,7 +229,7 @@ impl TableScan for RocksStore {
     fn is_empty(&self, cf: Cf) -> Result<bool, crate::core::ScanFailed> {
         let mut it = self.db.raw_iterator_cf(self.cf(cf));
         it.seek_to_first();
-        it.status().map_err(|e| crate::core::ScanFailed(corrupt_or(&self.path, e).to_string()))?;
+        it.status().map_err(|e| self.scan_failed(e))?;
         Ok(!it.valid())
     }
 }
