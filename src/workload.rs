@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 use rand::{Rng, SeedableRng};
 
 use crate::core::projection::Projection;
+use crate::limits::OP_PARENTS_MAX;
 use crate::protocol::crypto::{encode_op, key_id_of, seal_key_delivery, seal_payload, x25519_public};
 use crate::protocol::*;
 
@@ -37,6 +38,14 @@ pub struct WorkloadConfig {
     /// writing at the new cut: its later ops are `unauthorized`, and what
     /// builds on them `rejected_dependency`.
     pub remove_writer_at: Option<usize>,
+    /// Instead of per-writer views: every writer knows the history up to
+    /// at most this many ops before its own (each op's knowledge a prefix
+    /// of the creation order, never shrinking), as in a large group whose
+    /// members all follow the scope a little late. It works for any number
+    /// of writers (`writers` up to 1..=32 only without it): at most
+    /// `lag + 1` ops are concurrent, so parents stay within
+    /// `OP_PARENTS_MAX` for `lag` up to 31.
+    pub view_lag: Option<usize>,
 }
 
 impl Default for WorkloadConfig {
@@ -53,6 +62,7 @@ impl Default for WorkloadConfig {
             rotate_at: None,
             chain: false,
             remove_writer_at: None,
+            view_lag: None,
         }
     }
 }
@@ -136,7 +146,10 @@ struct View {
 
 /// Generates a scope for a node with `node_public` / `node_kem`.
 pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]) -> Workload {
-    assert!(cfg.writers >= 1 && cfg.writers <= 32, "1..=32 writers (parents are at most 32)");
+    match cfg.view_lag {
+        None => assert!(cfg.writers >= 1 && cfg.writers <= 32, "1..=32 writers (parents are at most 32) without view_lag"),
+        Some(lag) => assert!(cfg.writers >= 1 && lag < OP_PARENTS_MAX as usize, "view_lag at most 31: parents are at most 32"),
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     let admin = Member::new(&mut rng);
     let writers: Vec<Member> = (0..cfg.writers).map(|_| Member::new(&mut rng)).collect();
@@ -181,7 +194,15 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
     let mut key = k1;
     let mut keys = vec![k1];
 
-    let mut views: Vec<View> = (0..cfg.writers).map(|_| View { vc: vec![0; cfg.writers], projection: Projection::default() }).collect();
+    let per_writer = cfg.view_lag.is_none();
+    let mut views: Vec<View> = if per_writer {
+        (0..cfg.writers).map(|_| View { vc: vec![0; cfg.writers], projection: Projection::default() }).collect()
+    } else {
+        Vec::new()
+    };
+    // With `view_lag`: the prefix every writer knows (its length, its fold
+    // and its heads), only ever longer.
+    let (mut known, mut known_fold, mut known_heads) = (0usize, Projection::default(), BTreeSet::<Hash>::new());
     // Data ops in creation order: (id, hlc, author index, actions), with
     // each op's vector clock, and each author's ops in order.
     let mut created: Vec<(Hash, u64, usize, Vec<Action>)> = Vec::new();
@@ -208,30 +229,47 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
             cut = vec![g_id];
         }
         let w = if cfg.chain { 0 } else { rng.gen_range(0..cfg.writers) };
-        if !cfg.chain && cfg.writers > 1 && rng.gen_bool(cfg.merge_share) {
-            let other = (w + rng.gen_range(1..cfg.writers)) % cfg.writers;
-            for a in 0..cfg.writers {
-                let (from, to) = (views[w].vc[a], views[other].vc[a]);
-                for k in from..to.max(from) {
-                    let (_, h, au, acts) = &created[by_author[a][k as usize]];
-                    views[w].projection.apply(*h, &writers[*au].public_key, acts);
+        let parents: Vec<Hash> = match cfg.view_lag {
+            Some(lag) => {
+                // A chain's author knows every op before its own.
+                let upto = if cfg.chain { created.len() } else { known.max(created.len().saturating_sub(rng.gen_range(0..=lag))) };
+                for (j, (id, h, au, acts)) in created.iter().enumerate().take(upto).skip(known) {
+                    known_fold.apply(*h, &writers[*au].public_key, acts);
+                    for p in &parents_of[j] {
+                        known_heads.remove(p);
+                    }
+                    known_heads.insert(*id);
                 }
-                views[w].vc[a] = from.max(to);
+                known = upto;
+                known_heads.iter().copied().collect()
             }
-        }
-        // The view's heads: each author's latest known op, unless another
-        // author's latest known op already knew it.
-        let heads: BTreeSet<Hash> = (0..cfg.writers)
-            .filter(|a| views[w].vc[*a] > 0)
-            .filter(|a| {
-                (0..cfg.writers).all(|b| {
-                    b == *a || views[w].vc[b] == 0 || clocks[by_author[b][views[w].vc[b] as usize - 1]][*a] < views[w].vc[*a]
-                })
-            })
-            .map(|a| created[by_author[a][views[w].vc[a] as usize - 1]].0)
-            .collect();
-        let parents: Vec<Hash> = if cfg.chain { last.into_iter().collect() } else { heads.into_iter().collect() };
-        assert!(parents.len() <= 32);
+            None => {
+                if !cfg.chain && cfg.writers > 1 && rng.gen_bool(cfg.merge_share) {
+                    let other = (w + rng.gen_range(1..cfg.writers)) % cfg.writers;
+                    for a in 0..cfg.writers {
+                        let (from, to) = (views[w].vc[a], views[other].vc[a]);
+                        for k in from..to.max(from) {
+                            let (_, h, au, acts) = &created[by_author[a][k as usize]];
+                            views[w].projection.apply(*h, &writers[*au].public_key, acts);
+                        }
+                        views[w].vc[a] = from.max(to);
+                    }
+                }
+                // The view's heads: each author's latest known op, unless another
+                // author's latest known op already knew it.
+                let heads: BTreeSet<Hash> = (0..cfg.writers)
+                    .filter(|a| views[w].vc[*a] > 0)
+                    .filter(|a| {
+                        (0..cfg.writers).all(|b| {
+                            b == *a || views[w].vc[b] == 0 || clocks[by_author[b][views[w].vc[b] as usize - 1]][*a] < views[w].vc[*a]
+                        })
+                    })
+                    .map(|a| created[by_author[a][views[w].vc[a] as usize - 1]].0)
+                    .collect();
+                if cfg.chain { last.into_iter().collect() } else { heads.into_iter().collect() }
+            }
+        };
+        assert!(parents.len() <= OP_PARENTS_MAX as usize);
         hlc += 1;
         let entity = format!("e{}", rng.gen_range(0..4u32));
         let mut acts = Vec::with_capacity(cfg.actions_per_op);
@@ -249,9 +287,12 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
             acts.push(a);
         }
         let author = &writers[w];
-        let view = &mut views[w];
-        view.projection.apply(hlc, &author.public_key, &acts);
-        let root_hash = view.projection.root();
+        let root_hash = if per_writer {
+            views[w].projection.apply(hlc, &author.public_key, &acts);
+            views[w].projection.root()
+        } else {
+            known_fold.root_after(hlc, &author.public_key, &acts)
+        };
         let events = (0..cfg.events_per_op).map(|e| Event { kind: format!("ev{e}"), data: (i as u64).to_le_bytes().to_vec() }).collect();
         let plain = encode(&DataPayload { root_hash, actions: acts.clone(), events });
         let nonce: [u8; 12] = rng.gen();
@@ -272,9 +313,11 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
         messages.push(Generated { frame, id, is_data: true });
         let j = created.len();
         created.push((id, hlc, w, acts));
-        by_author[w].push(j);
-        view.vc[w] += 1;
-        clocks.push(view.vc.clone());
+        if per_writer {
+            by_author[w].push(j);
+            views[w].vc[w] += 1;
+            clocks.push(views[w].vc.clone());
+        }
         parents_of.push(parents);
         last = Some(id);
     }

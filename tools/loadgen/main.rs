@@ -161,6 +161,20 @@ struct RunArgs {
     /// One straight chain (a single writer) instead of concurrent writers.
     #[arg(long)]
     chain: bool,
+    /// Each writer knows the history up to at most this many ops before its
+    /// own, instead of its own view merged now and then with another's
+    /// (`--merge-share`): any number of writers (without it, at most 32),
+    /// at most lag + 1 concurrent heads (lag 0..=31).
+    #[arg(long)]
+    view_lag: Option<usize>,
+    /// Scopes, each with --ops / --scopes data ops (and its genesis, its
+    /// members op and the node's key delivery), sent interleaved at random,
+    /// each scope's messages in order. More than one: the node's applied
+    /// count comes from its `/metrics` (`dagfold_applied_total`), every op
+    /// counts (governance too), and the roots of all scopes are checked at
+    /// the end; --reverse, --shuffle-window and --invalid take one scope.
+    #[arg(long, default_value_t = 1)]
+    scopes: usize,
     /// Send the data ops in exactly reverse order.
     #[arg(long)]
     reverse: bool,
@@ -316,6 +330,16 @@ fn lane_of(frame: &[u8], lanes: usize) -> usize {
     (a % lanes as u64) as usize
 }
 
+/// The node's count of ops applied since it started (`dagfold_applied_total`
+/// in its `/metrics`).
+fn metrics_applied(admin: SocketAddr) -> Option<u64> {
+    let (code, body) = dagfold::testkit::http_get(admin, "/metrics", Duration::from_secs(5)).ok()?;
+    if code != 200 {
+        return None;
+    }
+    body.lines().find_map(|l| l.strip_prefix("dagfold_applied_total ")).and_then(|v| v.trim().parse::<f64>().ok()).map(|v| v as u64)
+}
+
 fn status(admin: SocketAddr, scope: &Hash) -> Option<serde_json::Value> {
     let (code, body) = dagfold::testkit::http_get(admin, &format!("/v1/scopes/{}", hex::encode(scope)), Duration::from_secs(5)).ok()?;
     (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
@@ -380,12 +404,22 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     let idv: serde_json::Value = serde_json::from_str(&body)?;
     let h = |k: &str| -> [u8; 32] { parse_hash_hex(idv[k].as_str().unwrap()).unwrap() };
     let (node_pk, node_kem) = (h("public_key"), h("kem_public_key"));
-    eprintln!("loadgen: generating {} ops (signing and encrypting before the timed phase)", a.ops);
+    let scopes = a.scopes.max(1);
+    if scopes > 1 && (a.reverse || a.shuffle_window > 1 || a.invalid > 0.0) {
+        return Err(anyhow!("--reverse, --shuffle-window and --invalid take one scope"));
+    }
+    if a.ops % scopes != 0 {
+        return Err(anyhow!("--ops {} is not a multiple of --scopes {scopes}", a.ops));
+    }
+    if a.view_lag.is_none() && !a.chain && !(1..=32).contains(&a.writers) {
+        return Err(anyhow!("--writers {} takes --view-lag (without it, 1..=32 writers)", a.writers));
+    }
+    eprintln!("loadgen: generating {} ops in {scopes} scope(s) (signing and encrypting before the timed phase)", a.ops);
     let t_gen = Instant::now();
-    let cfg = WorkloadConfig {
-        seed: a.seed,
+    let cfg = |seed: u64| WorkloadConfig {
+        seed,
         writers: if a.chain { 1 } else { a.writers },
-        data_ops: a.ops,
+        data_ops: a.ops / scopes,
         actions_per_op: a.actions_per_op,
         value_bytes: a.value_bytes,
         merge_share: a.merge_share,
@@ -394,27 +428,76 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         rotate_at: None,
         chain: a.chain,
         remove_writer_at: None,
+        view_lag: a.view_lag,
     };
-    let w = generate(&cfg, node_pk, node_kem);
-    let prefix: Vec<Vec<u8>> = w.messages.iter().filter(|m| !m.is_data).map(|m| m.frame.clone()).collect();
-    let mut data: Vec<Vec<u8>> = w.messages.iter().filter(|m| m.is_data).map(|m| m.frame.clone()).collect();
-    if a.reverse {
-        data.reverse();
-    }
-    if a.shuffle_window > 1 {
-        let order = shuffle_within_windows(data.len(), a.shuffle_window, a.seed);
-        data = order.into_iter().map(|i| data[i].clone()).collect();
-    }
+    // Scope i of many from its own seed, on every core (this is before the
+    // timed phase).
+    let seed_of = |i: usize| if scopes == 1 { a.seed } else { a.seed.wrapping_mul(1_000_003).wrapping_add(i as u64) };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(scopes);
+    let ws: Vec<dagfold::workload::Workload> = std::thread::scope(|t| {
+        let parts: Vec<_> = (0..threads)
+            .map(|k| {
+                let cfg = &cfg;
+                t.spawn(move || (k..scopes).step_by(threads).map(|i| (i, generate(&cfg(seed_of(i)), node_pk, node_kem))).collect::<Vec<_>>())
+            })
+            .collect();
+        let mut all: Vec<_> = parts.into_iter().flat_map(|p| p.join().expect("generator thread")).collect();
+        all.sort_by_key(|(i, _)| *i);
+        all.into_iter().map(|(_, w)| w).collect()
+    });
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ 0xD0B);
+    // What is sent before the timed stream (one scope: its genesis, members
+    // and key delivery), the timed frames, and what counts: one scope's data
+    // ops (the node's count less `base`), or every op of many scopes.
+    let (prefix, mut data, counted): (Vec<Vec<u8>>, Vec<Vec<u8>>, u64) = if scopes == 1 {
+        let w = &ws[0];
+        let prefix = w.messages.iter().filter(|m| !m.is_data).map(|m| m.frame.clone()).collect();
+        let mut data: Vec<Vec<u8>> = w.messages.iter().filter(|m| m.is_data).map(|m| m.frame.clone()).collect();
+        if a.reverse {
+            data.reverse();
+        }
+        if a.shuffle_window > 1 {
+            let order = shuffle_within_windows(data.len(), a.shuffle_window, a.seed);
+            data = order.into_iter().map(|i| data[i].clone()).collect();
+        }
+        (prefix, data, a.ops as u64)
+    } else {
+        // One ticket per message, shuffled: the k-th ticket of scope s
+        // stands for s's k-th message, so each scope stays in order.
+        let mut tickets: Vec<u32> = ws.iter().enumerate().flat_map(|(s, w)| std::iter::repeat_n(s as u32, w.messages.len())).collect();
+        for i in (1..tickets.len()).rev() {
+            tickets.swap(i, rng.gen_range(0..=i));
+        }
+        let mut next = vec![0usize; scopes];
+        let data = tickets
+            .into_iter()
+            .map(|s| {
+                let k = &mut next[s as usize];
+                *k += 1;
+                ws[s as usize].messages[*k - 1].frame.clone()
+            })
+            .collect();
+        let ops = ws.iter().flat_map(|w| &w.messages).filter(|m| m.id != ZERO).count() as u64;
+        (Vec::new(), data, ops)
+    };
     let dups = (data.len() as f64 * a.duplicates) as usize;
     let mut extra: Vec<Vec<u8>> = (0..dups).map(|_| data[rng.gen_range(0..data.len())].clone()).collect();
-    extra.extend(invalid_ops(&w, (data.len() as f64 * a.invalid) as usize, a.seed));
+    extra.extend(invalid_ops(&ws[0], (data.len() as f64 * a.invalid) as usize, a.seed));
     for f in extra {
         let at = rng.gen_range(0..=data.len());
         data.insert(at.min(data.len()), f);
     }
-    let expected_applied = (w.messages.iter().filter(|m| m.id != ZERO).count()) as u64;
+    let expected_applied = ws.iter().flat_map(|w| &w.messages).filter(|m| m.id != ZERO).count() as u64;
     eprintln!("loadgen: generated in {:.1} s; sending {} frames", t_gen.elapsed().as_secs_f64(), data.len() + prefix.len());
+    // The node's applied count: the scope's status, or with many scopes
+    // the node's total (a fresh node: every op it applied is one of ours).
+    let applied_now = |admin: SocketAddr| -> Option<u64> {
+        if scopes == 1 {
+            status(admin, &ws[0].scope)?["applied"].as_u64()
+        } else {
+            metrics_applied(admin)
+        }
+    };
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let cpu0 = a.node_pid.and_then(cpu_seconds);
@@ -502,11 +585,10 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         let mut rss_series: Vec<u64> = Vec::new();
         let base = prefix.iter().filter(|f| f.first() == Some(&MESSAGE_OP)).count() as u64;
         let mut request_us: Vec<u64> = Vec::new();
-        let final_status = loop {
+        loop {
             let t_req = Instant::now();
-            let st = tokio::task::block_in_place(|| status(a.to.admin, &w.scope));
+            let applied = tokio::task::block_in_place(|| applied_now(a.to.admin)).unwrap_or(0);
             request_us.push(t_req.elapsed().as_micros() as u64);
-            let applied = st.as_ref().and_then(|s| s["applied"].as_u64()).unwrap_or(0);
             samples.push((t0.elapsed().as_micros() as u64, applied.saturating_sub(base)));
             if let Some(pid) = a.node_pid {
                 let rss = proc_status_kb(pid, "VmRSS:").unwrap_or(0);
@@ -524,7 +606,7 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
                 );
             }
             if applied >= expected_applied {
-                break st;
+                break;
             }
             if Instant::now() > deadline {
                 return Err(anyhow!("timed out with {applied}/{expected_applied} applied"));
@@ -535,12 +617,20 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         for t in tasks {
             late_us.extend(t.await??);
         }
-        Ok::<_, anyhow::Error>((final_status, samples, peak_rss_kb, rss_series, request_us, late_us))
+        Ok::<_, anyhow::Error>((samples, peak_rss_kb, rss_series, request_us, late_us))
     });
     let elapsed = t0.elapsed();
-    let (final_status, samples, peak_rss_kb, rss_series, request_us, late_us) = result?;
-    let final_status = final_status.context("no status")?;
-    let root_ok = final_status["root"] == hex::encode(w.final_root);
+    let (samples, peak_rss_kb, rss_series, request_us, late_us) = result?;
+    // Every scope's root against the fold of its ops (after the timed phase).
+    let (mut applied, mut wrong_roots) = (0u64, Vec::new());
+    for w in &ws {
+        let st = status(a.to.admin, &w.scope).with_context(|| format!("no status for scope {}", hex::encode(w.scope)))?;
+        applied += st["applied"].as_u64().unwrap_or(0);
+        if st["root"] != hex::encode(w.final_root) {
+            wrong_roots.push(format!("scope {}: node {} vs fold {}", hex::encode(w.scope), st["root"], hex::encode(w.final_root)));
+        }
+    }
+    let root_ok = wrong_roots.is_empty();
     // Latency: the i-th data frame (in send order) counts as applied at the
     // first sample whose applied count exceeds its position. Exact for
     // causal order; for other orders it is the time until as many ops as
@@ -549,7 +639,7 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     order.sort();
     let mut lat: Vec<f64> = Vec::with_capacity(n_data);
     let mut s = 0;
-    let valid_data = a.ops as u64;
+    let valid_data = counted;
     for (rank, (sent_us, _)) in order.iter().enumerate() {
         let target = applied_by(rank as u64 + 1, valid_data, n_data);
         while s < samples.len() && samples[s].1 < target {
@@ -578,10 +668,12 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     };
     let report = serde_json::json!({
         "name": a.name,
-        "ops": a.ops,
+        "ops": counted,
+        "scopes": scopes,
+        "writers": a.writers,
         "frames_sent": n_data + prefix.len(),
         "seconds": elapsed.as_secs_f64(),
-        "ops_per_s": a.ops as f64 / elapsed.as_secs_f64(),
+        "ops_per_s": counted as f64 / elapsed.as_secs_f64(),
         "p50_ms": pct(0.5),
         "p99_ms": pct(0.99),
         "root_ok": root_ok,
@@ -589,8 +681,8 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         "loadgen_cpu_cores": own_cpu,
         "peak_rss_bytes": a.node_pid.and_then(|p| proc_status_kb(p, "VmHWM:")).map(|k| k * 1024).or(Some(peak_rss_kb * 1024)),
         "rss_second_half_max_over_min": rss_tail_flat,
-        "disk_bytes_per_op": disk.map(|d| d as f64 / a.ops as f64),
-        "applied": final_status["applied"],
+        "disk_bytes_per_op": disk.map(|d| d as f64 / counted as f64),
+        "applied": applied,
         "longest_stall_ms": stall_ms,
         "longest_stall_at_s": stall_at_s,
         "status_requests": request_us.len(),
@@ -598,7 +690,7 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         "send_late_p99_ms": p99_ms(late_us),
     });
     if !root_ok {
-        return Err(anyhow!("root mismatch: node {} vs fold {}; report {report}", final_status["root"], hex::encode(w.final_root)));
+        return Err(anyhow!("root mismatch in {} scope(s), first {}; report {report}", wrong_roots.len(), wrong_roots[0]));
     }
     Ok(report)
 }
