@@ -34,9 +34,12 @@ pub const API_TOKEN_FILE_DEFAULT: &str = crate::client::API_TOKEN_FILE;
 /// Interval of the heads heartbeat to peers unless told otherwise.
 pub const HEARTBEAT_MS_DEFAULT: u64 = 1_000;
 
-/// Network (tokio) threads unless told otherwise: the network side is light
-/// next to verification, which gets the cores.
-pub const NETWORK_THREADS_DEFAULT: usize = 1;
+/// Network (tokio) threads unless told otherwise: a quarter of the cores,
+/// at least one (the network side is light next to verification, which
+/// gets every core: `PipelineConfig::default`).
+pub fn network_threads_default() -> usize {
+    (crate::pipeline::machine_cores() / 4).max(1)
+}
 
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -123,11 +126,12 @@ pub struct Settings {
     /// Buffered bytes over all scopes
     #[arg(long)]
     pub buffered_bytes_total_max: Option<u64>,
-    /// Signature verification threads (by default the cores of this machine
-    /// kind)
+    /// Signature verification threads (by default one per core of this
+    /// machine)
     #[arg(long)]
     pub verifier_threads: Option<usize>,
-    /// Network (tokio) threads
+    /// Network (tokio) threads (by default a quarter of the cores, at least
+    /// one)
     #[arg(long)]
     pub network_threads: Option<usize>,
     /// Applied ops folded into one commit at most (group commit); a commit
@@ -180,7 +184,7 @@ impl Settings {
             buffered_ops_total_max: Some(limits::BUFFERED_OPS_TOTAL_MAX),
             buffered_bytes_total_max: Some(limits::BUFFERED_BYTES_TOTAL_MAX),
             verifier_threads: Some(pipeline.verifier_threads),
-            network_threads: Some(NETWORK_THREADS_DEFAULT),
+            network_threads: Some(network_threads_default()),
             commit_ops_max: Some(pipeline.commit_ops_max),
             durability: Some("durable".to_owned()),
             connections_max: Some(net.connections_max),
@@ -375,6 +379,18 @@ mod tests {
         arg.get_help().map(ToString::to_string).unwrap_or_default()
     }
 
+    /// The thread counts follow the machine, not a constant (a 64-core
+    /// server verifies on 64 threads), and its help says what they come to
+    /// here.
+    #[test]
+    fn the_thread_defaults_follow_the_cores() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        let c = args(&[]).resolve().unwrap();
+        assert_eq!(c.pipeline.verifier_threads, cores);
+        assert_eq!(c.network_threads, (cores / 4).max(1));
+        assert!(help_of("verifier-threads").ends_with(&format!("[default: {cores}]")));
+    }
+
     #[test]
     fn the_defaults_used_and_shown_are_the_constants() {
         let c = args(&[]).resolve().unwrap();
@@ -387,7 +403,7 @@ mod tests {
             ("buffered-ops-total-max", c.buffered_ops_total_max, limits::BUFFERED_OPS_TOTAL_MAX),
             ("buffered-bytes-total-max", c.buffered_bytes_total_max, limits::BUFFERED_BYTES_TOTAL_MAX),
             ("verifier-threads", c.pipeline.verifier_threads as u64, pipeline.verifier_threads as u64),
-            ("network-threads", c.network_threads as u64, NETWORK_THREADS_DEFAULT as u64),
+            ("network-threads", c.network_threads as u64, network_threads_default() as u64),
             ("commit-ops-max", c.pipeline.commit_ops_max as u64, pipeline.commit_ops_max as u64),
             ("connections-max", c.net.connections_max.into(), net.connections_max.into()),
             ("streams-per-connection-max", c.net.streams_per_connection_max.into(), net.streams_per_connection_max.into()),

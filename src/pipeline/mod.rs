@@ -175,8 +175,18 @@ const DIRECT_QUEUE_ITEMS: usize = 8192;
 /// Commits built and not yet taken by the committer, at most (see `start`).
 const COMMIT_SLOTS: usize = 2;
 
+/// The cores this process may use (`std::thread::available_parallelism`:
+/// the machine's, less what an affinity mask or a cgroup quota takes), 2
+/// when the system cannot tell. The defaults of the verifier and network
+/// threads follow it.
+pub fn machine_cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
+    /// One per core by default (`machine_cores`): verification is the
+    /// node's largest cost, and every core can take a share of it.
     pub verifier_threads: usize,
     /// Ops per signature batch at most (the batcher takes what is queued,
     /// lingering up to `BATCH_LINGER` while it has fewer than
@@ -215,7 +225,7 @@ pub struct PipelineConfig {
 impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
-            verifier_threads: 2,
+            verifier_threads: machine_cores(),
             verify_batch_max: 512,
             stage_queue_batches: 4,
             commit_ops_max: 4096,
