@@ -26,6 +26,12 @@ impl<S: Store> InlineDriver<S> {
         let identity = load_or_create_identity(&mut store)?;
         let cold = store.cold_reader();
         let mut engine = Engine::restore(cfg, identity, &store, cold, now_ms)?;
+        if let Some(cold) = store.cold_reader() {
+            // The filter of the applied ops, at once (the node reads it
+            // while it serves).
+            let filter = crate::core::cold::filter_of_stored_ops(&*cold, engine.cold_filter_bytes()).map_err(StoreError::from)?;
+            engine.complete_cold_filter(&filter);
+        }
         let commit = engine.take_commit()?;
         if !commit.writes.is_empty() {
             store.write(&commit.writes, true)?;

@@ -103,7 +103,7 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
 
     let mut ops = Vec::new();
     let mut bad: Option<String> = None;
-    ColdOps::scan(&reader, &mut |id, bytes| {
+    let read = ColdOps::scan(&reader, &mut |id, bytes| {
         if bad.is_some() {
             return;
         }
@@ -125,6 +125,7 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
         }
         ops.push(OpDeps { id: *id, deps, hlc: op.hlc });
     });
+    read.map_err(|e| ExportError::Store(e.into()))?;
     if let Some(why) = bad {
         return Err(ExportError::Inconsistent(why));
     }

@@ -24,8 +24,21 @@ use crate::protocol::Hash;
 /// one). The engine stops on it (`Engine::take_commit`).
 pub trait ColdOps: Send {
     fn get(&self, id: &Hash) -> Result<Option<Vec<u8>>, ColdReadFailed>;
-    /// Every stored op (id, bytes), for reports (tests and `inspect`).
-    fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8]));
+    /// Every stored op (id, bytes), pending ones too: for the filter at
+    /// open (`filter_of_stored_ops`) and reports. A failed read ends it
+    /// with an error.
+    fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) -> Result<(), ColdReadFailed>;
+}
+
+/// The cold filter of every op in the store's ops table, in a filter of
+/// `bytes` (`Engine::cold_filter_bytes`): what `Engine::complete_cold_filter`
+/// takes after a restore. Pending ops go in too; a false positive costs
+/// one read, never a wrong answer. The node runs it on a thread of its own
+/// while it serves (a read of every op: seconds at 10^7 ops).
+pub fn filter_of_stored_ops(cold: &dyn ColdOps, bytes: usize) -> Result<IdFilter, ColdReadFailed> {
+    let mut filter = IdFilter::new(bytes);
+    cold.scan(&mut |id, _| filter.insert(id))?;
+    Ok(filter)
 }
 
 /// A read of the cold index failed: whether the op is applied is not known.
@@ -87,6 +100,17 @@ impl IdFilter {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Adds every id of `other`, a filter of the same size.
+    pub fn union(&mut self, other: &IdFilter) {
+        assert_eq!(self.blocks.len(), other.blocks.len(), "filters of one size");
+        for (mine, theirs) in self.blocks.iter_mut().zip(&other.blocks) {
+            for (a, b) in mine.iter_mut().zip(theirs) {
+                *a |= b;
+            }
+        }
+        self.len += other.len;
     }
 
     pub fn heap_bytes(&self) -> u64 {

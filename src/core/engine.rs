@@ -124,13 +124,17 @@ pub struct Engine {
     /// in `ops`.
     pub(super) cold: Option<Box<dyn ColdOps>>,
     pub(super) cold_filter: IdFilter,
+    /// The filter does not yet hold the ops applied before a restore (the
+    /// driver reads them into one and hands it over:
+    /// `complete_cold_filter`): until then every id may be a cold one.
+    pub(super) cold_filter_partial: bool,
     /// The first failed read of the cold index. From it on the engine's
     /// answers may be wrong (an applied op taken for unknown), so it judges
     /// nothing more and `take_commit` hands out no more commits: as after a
     /// failed write (`store`), only a reopen, which rebuilds the engine from
     /// the store, brings the two back together. A cell, since `op_state`
     /// reads through `&self`.
-    cold_failed: std::cell::OnceCell<ColdReadFailed>,
+    pub(super) cold_failed: std::cell::OnceCell<ColdReadFailed>,
     /// Applied ops in `ops`, oldest first, with the number of the commit
     /// that applied them (an id read back from the cold index comes again).
     hot_order: VecDeque<(u64, Hash)>,
@@ -174,6 +178,7 @@ impl Engine {
             ops_deleted: Default::default(),
             cold: None,
             cold_filter: IdFilter::new(0),
+            cold_filter_partial: false,
             cold_failed: std::cell::OnceCell::new(),
             hot_order: VecDeque::new(),
             commit_number: 0,
@@ -194,6 +199,31 @@ impl Engine {
     pub fn set_cold(&mut self, cold: Box<dyn ColdOps>) {
         self.cold = Some(cold);
         self.cold_filter = IdFilter::new(self.cfg.cold_filter_bytes);
+    }
+
+    /// Whether the cold filter still waits for the ops applied before the
+    /// restore (`complete_cold_filter`): meanwhile, an id the engine does
+    /// not hold is looked up in the store.
+    pub fn cold_filter_partial(&self) -> bool {
+        self.cold_filter_partial
+    }
+
+    /// The size of the cold filter, for `cold::filter_of_stored_ops`.
+    pub fn cold_filter_bytes(&self) -> usize {
+        self.cfg.cold_filter_bytes
+    }
+
+    /// Completes the cold filter after a restore with `stored`, the filter
+    /// of the ops table read after the restore (`cold::filter_of_stored_ops`);
+    /// the ops that left the in-memory index since are already in.
+    pub fn complete_cold_filter(&mut self, stored: &IdFilter) {
+        self.cold_filter.union(stored);
+        self.cold_filter_partial = false;
+    }
+
+    /// Whether `id` may be an applied op of the cold index.
+    fn cold_may_contain(&self, id: &Hash) -> bool {
+        self.cold_filter_partial || self.cold_filter.may_contain(id)
     }
 
     /// The driver reports that every commit up to `number` is durable, so
@@ -231,7 +261,7 @@ impl Engine {
     /// nothing judged from here on is committed.
     pub(super) fn cold_op(&self, id: &Hash) -> Option<Op> {
         let cold = self.cold.as_ref()?;
-        if !self.cold_filter.may_contain(id) || self.ops_deleted.contains_key(id) {
+        if !self.cold_may_contain(id) || self.ops_deleted.contains_key(id) {
             return None;
         }
         let bytes = match cold.get(id) {
@@ -257,7 +287,7 @@ impl Engine {
     /// The meta of an applied op of the cold index; it comes back into the
     /// hot index, since ops that name it as a dependency tend to follow.
     fn cold_meta(&mut self, id: &Hash) -> Option<AppliedMeta> {
-        if self.cold.is_none() || !self.cold_filter.may_contain(id) {
+        if self.cold.is_none() || !self.cold_may_contain(id) {
             return None;
         }
         self.stats.cold_reads += 1;
@@ -1004,18 +1034,19 @@ pub(crate) mod tests {
     use std::sync::Mutex;
 
     /// The cold index over a store the test writes to.
-    struct SharedCold(Arc<Mutex<MemStore>>);
+    pub(crate) struct SharedCold(pub(crate) Arc<Mutex<MemStore>>);
 
     impl ColdOps for SharedCold {
         fn get(&self, id: &Hash) -> Result<Option<Vec<u8>>, ColdReadFailed> {
             self.0.lock().unwrap().get(Cf::Ops, id).map_err(|e| ColdReadFailed(e.to_string()))
         }
 
-        fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) {
+        fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) -> Result<(), ColdReadFailed> {
             let store = self.0.lock().unwrap();
             for (k, v) in store.table(Cf::Ops).into_iter().flatten() {
                 f(&k.as_slice().try_into().unwrap(), v)
             }
+            Ok(())
         }
     }
 

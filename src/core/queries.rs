@@ -98,7 +98,7 @@ impl Engine {
         if let Some(cold) = &self.cold {
             let scope_id = self.scopes[i as usize].id;
             let ops = &self.ops;
-            cold.scan(&mut |op_id, bytes| {
+            let read = cold.scan(&mut |op_id, bytes| {
                 // The ops table holds pending ops too.
                 if matches!(ops.get(op_id), Some(Entry::Buffered)) {
                     return;
@@ -108,6 +108,10 @@ impl Engine {
                     r.applied.push(*op_id);
                 }
             });
+            // As for any read of the cold index: the engine stops.
+            if let Err(e) = read {
+                let _ = self.cold_failed.set(e);
+            }
         }
         r.applied.sort();
         r.applied.dedup();

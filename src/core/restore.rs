@@ -2,9 +2,9 @@
 //! wrote (`TableScan`), at open.
 //!
 //! It sets the engine's indexes directly (so the engine's fields it fills
-//! are `pub(super)`): keys, scope records, applied ops (into the cold
-//! filter when there is a cold index), governance, cells, remembered drops
-//! and buffered ops, whose by-parent index is derived here.
+//! are `pub(super)`): keys, scope records, applied ops (left in the store
+//! when there is a cold index), governance, cells, remembered drops and
+//! buffered ops, whose by-parent index is derived here.
 
 use std::collections::HashMap;
 
@@ -47,7 +47,13 @@ impl Engine {
     /// consistent store never has) are re-judged; call `take_commit` after.
     ///
     /// With a cold index (`cold`, reading the same store), the applied ops
-    /// read back go to its filter, not to the in-memory index.
+    /// are not read back: the engine's cold filter stays partial (every id
+    /// it does not hold is looked up in the store) until the driver hands
+    /// it the filter of the ops table (`cold::filter_of_stored_ops`, then
+    /// `complete_cold_filter`): the node does that on a thread while it
+    /// serves, `InlineDriver` at once. The scope records' applied counts
+    /// are checked against the ops table only without a cold index (the
+    /// store's block checksums stand for the table's bytes).
     pub fn restore(
         cfg: Config,
         identity: Identity,
@@ -95,35 +101,49 @@ impl Engine {
             let old_layout = v.len() > 8;
             pending.insert(k.try_into().expect("op id is 32 bytes"), (seq, old_layout.then(|| v[8..].to_vec()), !old_layout));
         })?;
-        let mut per_scope_applied: HashMap<u32, u64> = HashMap::new();
-        t.scan(Cf::Ops, &mut |k, v| {
-            let id: Hash = k.try_into().expect("op id is 32 bytes");
-            if let Some(p) = pending.get_mut(&id) {
-                assert!(p.2, "an op in the ops table has a pending record of the current layout");
-                p.1 = Some(v.to_vec());
-                return;
+        if let Some(cold) = e.cold.take() {
+            // With a cold index, applied ops stay in the store: the ones the
+            // engine needs now (governance, pending) are read by id, and
+            // the filter of the rest is the driver's to complete, a read of
+            // every op (`Engine::complete_cold_filter`): seconds at 10^7
+            // ops, which the node spends serving.
+            let read = |id: &Hash| -> Result<Vec<u8>, ScanFailed> {
+                cold.get(id).map_err(|f| ScanFailed(f.to_string()))?.ok_or_else(|| ScanFailed(format!("op {} has a record but is not in the ops table", hex::encode(id))))
+            };
+            for (id, rec) in gov_records.drain() {
+                let bytes = read(&id)?;
+                e.restore_gov(id, &bytes, &rec);
             }
-            let op = decode_op(v).expect("a stored op decodes");
-            assert_eq!(delta_id_of_body(op_body(v)), id, "a stored op sits under its id");
-            let scope = e.scope_idx(&op.scope_of(&id));
-            if e.cold.is_some() {
-                e.cold_filter.insert(&id);
-            } else {
+            for (id, p) in pending.iter_mut().filter(|(_, p)| p.2) {
+                p.1 = Some(read(id)?);
+            }
+            e.cold = Some(cold);
+            e.cold_filter_partial = true;
+        } else {
+            let mut per_scope_applied: HashMap<u32, u64> = HashMap::new();
+            t.scan(Cf::Ops, &mut |k, v| {
+                let id: Hash = k.try_into().expect("op id is 32 bytes");
+                if let Some(p) = pending.get_mut(&id) {
+                    assert!(p.2, "an op in the ops table has a pending record of the current layout");
+                    p.1 = Some(v.to_vec());
+                    return;
+                }
+                let op = decode_op(v).expect("a stored op decodes");
+                assert_eq!(delta_id_of_body(op_body(v)), id, "a stored op sits under its id");
+                let scope = e.scope_idx(&op.scope_of(&id));
                 let cut = e.intern_cut(op.cut_ids());
                 e.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
+                *per_scope_applied.entry(scope).or_default() += 1;
+                if op.plane == PLANE_GOVERNANCE {
+                    let rec = gov_records.remove(&id).expect("an applied governance op has its record");
+                    e.restore_gov(id, v, &rec);
+                }
+            })?;
+            for (scope, n) in per_scope_applied {
+                assert_eq!(e.scopes[scope as usize].applied, n, "scope record counts its applied ops");
             }
-            *per_scope_applied.entry(scope).or_default() += 1;
-            if op.plane == PLANE_GOVERNANCE {
-                let rec = gov_records.remove(&id).expect("an applied governance op has its record");
-                let depth = u32::from_le_bytes(rec[..4].try_into().unwrap());
-                let p = decode_gov_payload(&rec[4..]).expect("stored governance payload decodes");
-                e.gov.insert(id, GovNode { parents: op.parents, depth, author: op.author, actions: p.actions });
-            }
-        })?;
-        assert!(gov_records.is_empty(), "every governance record has its op");
-        for (scope, n) in per_scope_applied {
-            assert_eq!(e.scopes[scope as usize].applied, n, "scope record counts its applied ops");
         }
+        assert!(gov_records.is_empty(), "every governance record has its op");
         let mut cells = 0u64;
         t.scan(Cf::Projection, &mut |k, v| {
             let scope: Hash = k[..32].try_into().expect("scope ‖ path");
@@ -203,12 +223,24 @@ impl Engine {
         e.run_cascade(now_ms);
         Ok(e)
     }
+
+    /// An applied governance op back into the governance index, from its
+    /// op's bytes and its record (depth ‖ payload).
+    fn restore_gov(&mut self, id: Hash, bytes: &[u8], rec: &[u8]) {
+        let op = decode_op(bytes).expect("a stored op decodes");
+        assert_eq!(delta_id_of_body(op_body(bytes)), id, "a stored op sits under its id");
+        assert_eq!(op.plane, PLANE_GOVERNANCE, "a governance record's op is a governance op");
+        self.scope_idx(&op.scope_of(&id));
+        let depth = u32::from_le_bytes(rec[..4].try_into().unwrap());
+        let p = decode_gov_payload(&rec[4..]).expect("stored governance payload decodes");
+        self.gov.insert(id, GovNode { parents: op.parents, depth, author: op.author, actions: p.actions });
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::engine::tests::{chain, puts};
+    use crate::core::engine::tests::{chain, puts, write, SharedCold};
     use crate::core::tables::{seq_and_bytes, Write};
     use crate::core::types::{OpState, Outcome};
     use crate::store::Store;
@@ -233,5 +265,39 @@ mod tests {
         assert_eq!(ops, want);
         assert!(c.released.is_empty());
         assert_eq!(r.op_state(&data[1].id), OpState::Applied);
+    }
+
+    /// Restored with a cold index, the engine reads no applied op back at
+    /// open: its filter is partial, and until it is completed every id it
+    /// does not hold is looked up in the store, so an applied op is still a
+    /// duplicate and still a parent; completed, the filter answers (a
+    /// second duplicate costs one read, an unknown id none).
+    #[test]
+    fn a_cold_restore_reads_no_op_and_knows_every_one() {
+        let (id, data, store, mut e) = chain(40, Config::default());
+        e.set_cold(Box::new(SharedCold(store.clone())));
+        for m in &data[..30] {
+            assert_eq!(e.handle_frame(&m.frame, 0), Outcome::Applied);
+        }
+        write(&mut e, &store);
+        // The tables as written (a copy: the cold index locks the store).
+        let tables = store.lock().unwrap().reopened();
+        let mut r = Engine::restore(Config::default(), id, &tables, Some(Box::new(SharedCold(store.clone()))), 0).expect("the tables read back");
+        assert!(r.cold_filter_partial());
+        assert_eq!(r.stats.cold_reads, 0, "nothing read back at open");
+        assert_eq!(r.applied_total(), e.applied_total());
+        assert_eq!(r.handle_frame(&data[3].frame, 0), Outcome::Duplicate);
+        assert_eq!(r.handle_frame(&data[30].frame, 0), Outcome::Applied, "its parent found in the store");
+        write(&mut r, &store);
+        let reads = r.stats.cold_reads;
+        assert!(reads >= 2, "looked up while partial: {reads}");
+        let filter = crate::core::cold::filter_of_stored_ops(&SharedCold(store.clone()), r.cold_filter_bytes()).unwrap();
+        r.complete_cold_filter(&filter);
+        assert!(!r.cold_filter_partial());
+        assert_eq!(r.handle_frame(&data[4].frame, 0), Outcome::Duplicate);
+        assert_eq!(r.stats.cold_reads, reads + 1, "an applied op: one read");
+        assert_eq!(r.handle_frame(&data[31].frame, 0), Outcome::Applied, "its parent is hot");
+        assert_eq!(r.op_state(&[7; 32]), OpState::Unknown);
+        assert_eq!(r.stats.cold_reads, reads + 1, "an unknown id: the filter says no, nothing read");
     }
 }

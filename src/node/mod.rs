@@ -165,7 +165,12 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     // The orderer weighs each host's turn in the server's fair ingest.
     let origin_turns = Arc::new(crate::net::fair::OriginTurns::default());
     pipe_cfg.host_outcomes = Some(Arc::new(HostTurns(origin_turns.clone())));
+    // The filter of the ops applied before, read while the node serves.
+    let cold_filter = engine.cold_filter_partial().then(|| (store.cold_reader(), engine.cold_filter_bytes()));
     let pipe = Pipeline::start(pipe_cfg, engine, store, ingest_rx, on_durable);
+    if let Some((Some(cold), bytes)) = cold_filter {
+        crate::pipeline::read_cold_filter(pipe.shared.clone(), cold, bytes);
+    }
     let shared = Arc::new(NodeShared {
         identity_json: identity_json(&identity).to_string(),
         public_key: identity.public_key,

@@ -298,6 +298,27 @@ pub struct PipelineState {
     /// built with the `rocksdb-store` feature).
     #[cfg_attr(not(feature = "rocksdb-store"), allow(dead_code))]
     pub(crate) verified: Arc<verified::VerifiedCache>,
+    /// The filter of the ops applied before the restore, once the node's
+    /// thread that reads the ops table has it (`read_cold_filter`): the
+    /// orderer hands it to the engine (`Engine::complete_cold_filter`).
+    pub cold_filter: Mutex<Option<Result<crate::core::cold::IdFilter, crate::core::ColdReadFailed>>>,
+}
+
+/// Reads the filter of the ops applied before the restore on a thread of
+/// its own, for an engine whose cold filter is partial (`Engine::
+/// cold_filter_partial`), and leaves it for the orderer in `shared`: the
+/// node serves meanwhile, looking ids up in the store.
+pub fn read_cold_filter(shared: Arc<PipelineState>, cold: Box<dyn crate::core::ColdOps>, bytes: usize) {
+    ::metrics::gauge!("dagfold_cold_filter_partial").set(1.0);
+    std::thread::Builder::new()
+        .name("dagfold-coldscan".into())
+        .spawn(move || {
+            let started = Instant::now();
+            let read = crate::core::cold::filter_of_stored_ops(&*cold, bytes);
+            ::metrics::gauge!("dagfold_cold_filter_read_seconds").set(started.elapsed().as_secs_f64());
+            *shared.cold_filter.lock().unwrap() = Some(read);
+        })
+        .expect("spawning the cold filter's reader");
 }
 
 impl PipelineState {
@@ -365,6 +386,7 @@ impl Pipeline {
             direct: direct_tx,
             governance: gov_replica.clone(),
             verified: verified.clone(),
+            cold_filter: Mutex::new(None),
         });
         {
             let mut st = shared.status.write().unwrap();

@@ -143,6 +143,21 @@ pub(super) fn run(
         if durable > 0 {
             engine.note_durable(durable - 1);
         }
+        if engine.cold_filter_partial() {
+            match shared.cold_filter.lock().unwrap().take() {
+                Some(Ok(filter)) => {
+                    engine.complete_cold_filter(&filter);
+                    gauge!("dagfold_cold_filter_partial").set(0.0);
+                }
+                // As a failed read of the cold index: the node stops.
+                Some(Err(e)) => {
+                    if shared.refuse("store read", &e) {
+                        counter!("dagfold_store_read_failures_total").increment(1);
+                    }
+                }
+                None => {}
+            }
+        }
         let commit = match engine.take_commit() {
             Ok(commit) => commit,
             Err(e) => {

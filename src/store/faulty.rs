@@ -98,10 +98,14 @@ impl ColdOps for FaultyStore {
         Store::get(self, Cf::Ops, id).map_err(|e| ColdReadFailed(e.to_string()))
     }
 
-    fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) {
+    fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) -> Result<(), ColdReadFailed> {
+        if self.countdown.fails() {
+            return Err(ColdReadFailed("injected read failure".into()));
+        }
         let store = self.durable.lock().unwrap();
         for (k, v) in store.table(Cf::Ops).into_iter().flatten() {
             f(&k.as_slice().try_into().expect("op ids are 32 bytes"), v)
         }
+        Ok(())
     }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use metrics::histogram;
-use rocksdb::{ColumnFamilyDescriptor, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
 
 use super::{Store, StoreError};
 use crate::core::{Cf, TableScan, Write};
@@ -191,6 +191,27 @@ fn keep_rocksdb_allocations_on_the_heap() {
 /// 590/629 → 763/802 B).
 pub const FLUSH_NICE: i32 = 10;
 
+/// Read-ahead of the table scans at open (`TableScan::scan`, and the cold
+/// filter's read of the ops table): each reads a whole table once, in key
+/// order.
+const SCAN_READAHEAD_BYTES: usize = 4 << 20;
+
+/// Every record of `cf` in key order, once: blocks read ahead and not kept
+/// in the block cache, each record borrowed where it lies, not copied.
+fn scan_table(db: &DB, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), rocksdb::Error> {
+    let mut opts = rocksdb::ReadOptions::default();
+    opts.fill_cache(false);
+    opts.set_readahead_size(SCAN_READAHEAD_BYTES);
+    let mut it = db.raw_iterator_cf_opt(db.cf_handle(cf.name()).expect("every column family is opened"), opts);
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        f(k, v);
+        it.next();
+    }
+    // A failed read (a block failing its checksum) ends the iteration.
+    it.status()
+}
+
 /// Lowers the priority of RocksDB's flush threads to `FLUSH_NICE` (found
 /// by name in `/proc/self/task`). Returns the threads at `FLUSH_NICE` or
 /// above.
@@ -217,13 +238,9 @@ fn cf_and_key(w: &Write) -> (u8, &[u8]) {
 
 impl TableScan for RocksStore {
     fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), crate::core::ScanFailed> {
-        for item in self.db.iterator_cf(self.cf(cf), IteratorMode::Start) {
-            // A block failing its checksum: `StoreError::Corrupt`, whose
-            // message says what to do.
-            let (k, v) = item.map_err(|e| self.scan_failed(e))?;
-            f(&k, &v);
-        }
-        Ok(())
+        // A block failing its checksum: `StoreError::Corrupt`, whose
+        // message says what to do.
+        scan_table(&self.db, cf, f).map_err(|e| self.scan_failed(e))
     }
 
     fn is_empty(&self, cf: Cf) -> Result<bool, crate::core::ScanFailed> {
@@ -320,12 +337,9 @@ impl crate::core::ColdOps for StoreReader {
         StoreReader::get(self, Cf::Ops, id).map_err(|e| crate::core::ColdReadFailed(e.to_string()))
     }
 
-    fn scan(&self, f: &mut dyn FnMut(&crate::protocol::Hash, &[u8])) {
-        let h = self.db.cf_handle(Cf::Ops.name()).expect("every column family is opened");
-        for item in self.db.iterator_cf(h, IteratorMode::Start) {
-            let (k, v) = item.expect("reading the ops table");
-            f(&k[..].try_into().expect("op ids are 32 bytes"), &v);
-        }
+    fn scan(&self, f: &mut dyn FnMut(&crate::protocol::Hash, &[u8])) -> Result<(), crate::core::ColdReadFailed> {
+        scan_table(&self.db, Cf::Ops, &mut |k, v| f(k.try_into().expect("op ids are 32 bytes"), v))
+            .map_err(|e| crate::core::ColdReadFailed(e.to_string()))
     }
 }
 

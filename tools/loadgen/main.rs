@@ -65,6 +65,9 @@ enum Cmd {
         writers: usize,
         #[arg(long)]
         chain: bool,
+        /// As `run --view-lag`: any number of writers.
+        #[arg(long)]
+        view_lag: Option<usize>,
         #[arg(long)]
         reverse: bool,
         #[arg(long, default_value_t = 1)]
@@ -267,9 +270,9 @@ fn main() {
                 std::process::exit(1);
             }
         },
-        Cmd::File { out, public_key, kem_public_key, ops, writers, chain, reverse, seed, extra_recipients } => {
+        Cmd::File { out, public_key, kem_public_key, ops, writers, chain, view_lag, reverse, seed, extra_recipients } => {
             let h = |s: &str| -> [u8; 32] { parse_hash_hex(s).expect("64 hex characters") };
-            let cfg = WorkloadConfig { seed, writers: if chain { 1 } else { writers }, data_ops: ops, chain, ..Default::default() };
+            let cfg = WorkloadConfig { seed, writers: if chain { 1 } else { writers }, data_ops: ops, chain, view_lag, ..Default::default() };
             let w = generate(&cfg, h(&public_key), h(&kem_public_key));
             let mut frames: Vec<&Vec<u8>> = w.messages.iter().map(|m| &m.frame).collect();
             // Deliveries for other nodes go just before the first data op.
@@ -434,7 +437,7 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     // timed phase).
     let seed_of = |i: usize| if scopes == 1 { a.seed } else { a.seed.wrapping_mul(1_000_003).wrapping_add(i as u64) };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(scopes);
-    let ws: Vec<dagfold::workload::Workload> = std::thread::scope(|t| {
+    let mut ws: Vec<dagfold::workload::Workload> = std::thread::scope(|t| {
         let parts: Vec<_> = (0..threads)
             .map(|k| {
                 let cfg = &cfg;
@@ -446,19 +449,22 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         all.into_iter().map(|(_, w)| w).collect()
     });
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed ^ 0xD0B);
+    let expected_applied = ws.iter().flat_map(|w| &w.messages).filter(|m| m.id != ZERO).count() as u64;
+    let invalid = invalid_ops(&ws[0], (a.ops as f64 * a.invalid) as usize, a.seed);
     // What is sent before the timed stream (one scope: its genesis, members
     // and key delivery), the timed frames, and what counts: one scope's data
     // ops (the node's count less `base`), or every op of many scopes.
     let (prefix, mut data, counted): (Vec<Vec<u8>>, Vec<Vec<u8>>, u64) = if scopes == 1 {
-        let w = &ws[0];
-        let prefix = w.messages.iter().filter(|m| !m.is_data).map(|m| m.frame.clone()).collect();
-        let mut data: Vec<Vec<u8>> = w.messages.iter().filter(|m| m.is_data).map(|m| m.frame.clone()).collect();
+        // The frames are moved, not copied (10^7 ops are ~4 GB of them).
+        let (prefix, data): (Vec<_>, Vec<_>) = std::mem::take(&mut ws[0].messages).into_iter().partition(|m| !m.is_data);
+        let prefix = prefix.into_iter().map(|m| m.frame).collect();
+        let mut data: Vec<Vec<u8>> = data.into_iter().map(|m| m.frame).collect();
         if a.reverse {
             data.reverse();
         }
         if a.shuffle_window > 1 {
             let order = shuffle_within_windows(data.len(), a.shuffle_window, a.seed);
-            data = order.into_iter().map(|i| data[i].clone()).collect();
+            data = order.into_iter().map(|i| std::mem::take(&mut data[i])).collect();
         }
         (prefix, data, a.ops as u64)
     } else {
@@ -474,20 +480,18 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
             .map(|s| {
                 let k = &mut next[s as usize];
                 *k += 1;
-                ws[s as usize].messages[*k - 1].frame.clone()
+                std::mem::take(&mut ws[s as usize].messages[*k - 1].frame)
             })
             .collect();
-        let ops = ws.iter().flat_map(|w| &w.messages).filter(|m| m.id != ZERO).count() as u64;
-        (Vec::new(), data, ops)
+        (Vec::new(), data, expected_applied)
     };
     let dups = (data.len() as f64 * a.duplicates) as usize;
     let mut extra: Vec<Vec<u8>> = (0..dups).map(|_| data[rng.gen_range(0..data.len())].clone()).collect();
-    extra.extend(invalid_ops(&ws[0], (data.len() as f64 * a.invalid) as usize, a.seed));
+    extra.extend(invalid);
     for f in extra {
         let at = rng.gen_range(0..=data.len());
         data.insert(at.min(data.len()), f);
     }
-    let expected_applied = ws.iter().flat_map(|w| &w.messages).filter(|m| m.id != ZERO).count() as u64;
     eprintln!("loadgen: generated in {:.1} s; sending {} frames", t_gen.elapsed().as_secs_f64(), data.len() + prefix.len());
     // The node's applied count: the scope's status, or with many scopes
     // the node's total (a fresh node: every op it applied is one of ours).
