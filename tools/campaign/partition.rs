@@ -194,8 +194,9 @@ fn schedule(n: usize, rounds: usize, rng: &mut rand::rngs::StdRng) -> Vec<Fault>
                 // a hears everyone and no one hears it.
                 3 => ("mute", (0..n).filter(|&o| o != a).map(|o| (a, o)).collect()),
                 _ => {
-                    // A minority (1 ..= n/2 nodes, a among them) against the rest.
-                    let size = rng.gen_range(1..=n / 2);
+                    // A minority (2 ..= n/2 nodes, a among them; 1 of 3)
+                    // against the rest.
+                    let size = rng.gen_range((n / 2).min(2)..=n / 2);
                     let mut side = vec![a];
                     while side.len() < size {
                         let o = rng.gen_range(0..n);
