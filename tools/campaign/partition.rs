@@ -7,8 +7,8 @@
 //! A seeded schedule of faults (a pair cut, a one-way cut, a node isolated,
 //! a node that hears but is not heard, a split in two), each held for a
 //! seeded time, some past the QUIC idle timeout so that connections die
-//! and are redialed; faults overlap (each is healed one or two rounds
-//! later). The load, `--scopes` scopes of the deterministic workload, goes
+//! and are redialed, and then until it has dropped a datagram; faults
+//! overlap (each is healed one or two rounds later). The load, `--scopes` scopes of the deterministic workload, goes
 //! in directly (never through a relay) while the faults hold: each scope's
 //! genesis and governance at one node, its data ops each at a seeded node
 //! in seeded rounds, so a scope's ops are spread over nodes on both sides
@@ -365,6 +365,8 @@ pub fn run(a: &PartitionArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_
     let mut fault_reports = Vec::new();
     let mut heals = 0u64;
     let mut link_cuts = 0u64;
+    // Time faults were held past their schedule, until they dropped a datagram.
+    let mut extended_ms = 0u64;
     let mut problems: Vec<String> = Vec::new();
     let heal = |f: usize, at_start: u64, heals: &mut u64, fault_reports: &mut Vec<serde_json::Value>, problems: &mut Vec<String>| {
         let fault = &faults[f];
@@ -405,8 +407,14 @@ pub fn run(a: &PartitionArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_
         eprintln!("partition: round {r}: {} {:?} for {:?}, {frames} frames", fault.kind, fault.links, hold);
         rt.block_on(send_all(&endpoint, &listens, std::mem::take(&mut per_round[r])))?;
         // The schedule holds the fault for its time (not a wait for a
-        // condition: the nodes go on under it).
+        // condition: the nodes go on under it), and then until it dropped a
+        // datagram (bounded): a link can be quiet for seconds after a cut,
+        // its QUIC probe timeout backed off, and a fault that dropped
+        // nothing tested nothing.
         std::thread::sleep(hold.saturating_sub(started.elapsed()));
+        let held = Instant::now();
+        wait_until(Duration::from_secs(30), || net.dropped_on(&fault.links) > at_start);
+        extended_ms += held.elapsed().as_millis() as u64;
         for (i, node) in nodes.iter_mut().enumerate() {
             if !node.alive() {
                 return Err(anyhow!("node {i} exited during round {r}; log tail:\n{}", node.log_tail(12)));
@@ -515,6 +523,7 @@ pub fn run(a: &PartitionArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_
         "long_faults": long.iter().filter(|l| **l).count(),
         "directed_link_cuts": link_cuts,
         "heals": heals,
+        "held_past_schedule_s": extended_ms as f64 / 1000.0,
         "datagrams_passed": Net::total(&net.passed),
         "datagrams_dropped": Net::total(&net.dropped),
         "load_s": load_s,
