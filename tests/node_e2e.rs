@@ -399,3 +399,40 @@ fn a_thousand_scopes_converge_by_heartbeat_and_sync() {
     }
     drop(n0);
 }
+
+/// A peer whose connections come from another address than the one it is
+/// dialed at (a NAT, a relay) is still synced from its heartbeats: the
+/// heads-we-lack notes are kept for the configured peer that proved its
+/// key, not for the address they came from. Node 0 holds a scope it never
+/// gossiped; node 1 dials it directly, node 0 dials node 1 through a relay,
+/// so node 0's heartbeats reach node 1 from the relay's address. Found
+/// while building the partition campaign (tools/campaign/partition.rs),
+/// whose nodes dial each other through relays: before, node 1 noted the
+/// heads under the relay's address, which its link to node 0 never asked
+/// for (the campaign converges without the fix: there the other nodes'
+/// gossip and the missing-parents sync bring what the notes would).
+#[test]
+fn a_peer_behind_a_relay_is_synced_from_its_heartbeats() {
+    use common::relay::UdpRelay;
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let listens: Vec<_> = (0..2).map(|_| loopback(free_port())).collect();
+    let keys: Vec<String> = dirs.iter().map(|d| identity_key(d.path())).collect();
+    // Node 0 alone first: what it applies now is never gossiped.
+    let mut n0 = NodeProc::start(dirs[0].path(), listens[0], loopback(free_port()), &[]);
+    let w = workload_for(&n0, &WorkloadConfig { seed: 77, data_ops: 20, writers: 2, events_per_op: 0, ..Default::default() });
+    let frames: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
+    send_frames(n0.listen, &frames, 1, 1);
+    let at_root = |n: &NodeProc| n.scope(&w.scope).is_some_and(|s| s["root"] == hex::encode(w.final_root));
+    assert!(wait_until(Duration::from_secs(30), || at_root(&n0)), "node 0 applied the scope");
+    n0.stop();
+    let relay = UdpRelay::start(listens[1]);
+    let beat = ["--heartbeat-ms".to_string(), "200".into()];
+    let to_1 = ["--peer".to_string(), format!("{}@{}", keys[1], relay.addr)];
+    let n0 = NodeProc::start(dirs[0].path(), listens[0], n0.admin, &[&beat[..], &to_1[..]].concat());
+    let to_0 = ["--peer".to_string(), format!("{}@{}", keys[0], listens[0])];
+    let n1 = NodeProc::start(dirs[1].path(), listens[1], loopback(free_port()), &[&beat[..], &to_0[..]].concat());
+    send_frames(n1.listen, &deliveries_for(&w, &[&n1]), 1, 1);
+    assert!(wait_until(Duration::from_secs(60), || at_root(&n1)), "node 1 did not sync the scope: {:?}", n1.scope(&w.scope));
+    assert!(relay.relayed() > 0, "node 0's link to node 1 went through the relay");
+    drop(n0);
+}

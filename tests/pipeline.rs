@@ -73,8 +73,8 @@ fn a_heartbeat_is_compared_with_the_root_at_its_point_of_the_input() {
     for m in prefix.iter().chain(before) {
         tx.blocking_send(work_of(&m.frame)).unwrap();
     }
-    tx.blocking_send(Work::Heads { peer, scope: w.scope, heads: heads.clone(), root: st.root }).unwrap();
-    tx.blocking_send(Work::Heads { peer, scope: w.scope, heads, root: [9; 32] }).unwrap();
+    tx.blocking_send(Work::Heads { peer, origin: 1, scope: w.scope, heads: heads.clone(), root: st.root }).unwrap();
+    tx.blocking_send(Work::Heads { peer, origin: 1, scope: w.scope, heads, root: [9; 32] }).unwrap();
     for m in after {
         tx.blocking_send(work_of(&m.frame)).unwrap();
     }

@@ -304,3 +304,34 @@ fn disk_write_error_short() {
     let r = campaign(&["disk", "--fault", "efbig", "--ops", "8000"]);
     assert!(r["log_line"].as_str().unwrap().contains("File too large"));
 }
+
+/// The partition campaign, short: four nodes whose links go through the
+/// campaign's UDP relays, 50 scopes spread over them, three faults held 1 to
+/// 2 s (none past the idle timeout) and overlapping, a one-way cut among
+/// them; after the last heal every node holds every scope at the
+/// generator's root, heads and count. Each fault dropped datagrams (it
+/// landed), and the relays passed datagrams both ways.
+#[test]
+fn partition_campaign_short() {
+    let _g = serial();
+    let t = std::time::Instant::now();
+    let r = campaign(&[
+        "partition", "--seed", "3", "--nodes", "4", "--scopes", "50", "--ops-per-scope", "6", "--cuts", "3", "--hold-ms-min", "1000",
+        "--hold-ms-max", "2000", "--long-cuts", "0", "--converge-timeout-s", "40",
+    ]);
+    assert_eq!(r["converged"], true);
+    assert_eq!(r["scopes_diverged"], 0);
+    assert_eq!(r["scope_statuses_missing"], 0);
+    assert_eq!(r["ops"], 50 * 8, "each scope's genesis, governance op and 6 data ops");
+    let kinds = &r["faults_by_kind"];
+    let one_way = kinds["one_way"].as_u64().unwrap_or(0) + kinds["mute"].as_u64().unwrap_or(0);
+    assert!(one_way >= 1, "an asymmetric cut in the schedule: {kinds}");
+    let log = r["fault_log"].as_array().unwrap();
+    assert_eq!(log.len(), 3, "every fault healed once");
+    assert_eq!(r["heals"], 3);
+    for f in log {
+        assert!(f["dropped"].as_u64().unwrap() > 0, "the fault landed: {f}");
+    }
+    assert!(r["datagrams_passed"].as_u64().unwrap() > 0);
+    eprintln!("partition_campaign_short: {:.1}s", t.elapsed().as_secs_f64());
+}

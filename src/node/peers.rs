@@ -8,7 +8,6 @@
 //! per request, at most one in flight per peer, at most every
 //! `SYNC_INTERVAL_MS`, so a missing-parent storm cannot flood a peer.
 
-use std::net::SocketAddr;
 use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,7 +141,7 @@ async fn peer_task(
         };
         backoff = REDIAL_MS_MIN;
         metrics::gauge!("dagfold_peers_connected").increment(1.0);
-        let _ = serve_link(origin, peer.addr, &link, &mut queue, &shared).await;
+        let _ = serve_link(origin, &link, &mut queue, &shared).await;
         metrics::gauge!("dagfold_peers_connected").decrement(1.0);
         tokio::time::sleep(Duration::from_millis(backoff)).await;
     }
@@ -150,7 +149,6 @@ async fn peer_task(
 
 async fn serve_link(
     origin: u64,
-    addr: SocketAddr,
     link: &Link,
     queue: &mut mpsc::Receiver<(Hash, Vec<u8>)>,
     shared: &Arc<NodeShared>,
@@ -180,7 +178,7 @@ async fn serve_link(
                 }
             }
             _ = sync.tick() => {
-                for req in sync_requests(addr, shared) {
+                for req in sync_requests(origin, shared) {
                     let fut = sync_once(origin, link, req, shared);
                     match tokio::time::timeout(Duration::from_millis(SYNC_TIMEOUT_MS), fut).await {
                         Ok(Ok(())) => {}
@@ -236,9 +234,9 @@ async fn ask_keys(link: &Link, shared: &Arc<NodeShared>) -> Result<(), Box<dyn s
     }
 }
 
-/// What to ask `addr` for now: heads its heartbeat showed we lack, then the
-/// ids our buffered ops wait for.
-fn sync_requests(addr: SocketAddr, shared: &NodeShared) -> Vec<SyncRequest> {
+/// What to ask the configured peer `origin` for now: heads its heartbeat
+/// showed we lack, then the ids our buffered ops wait for.
+fn sync_requests(origin: u64, shared: &NodeShared) -> Vec<SyncRequest> {
     let mut out = Vec::new();
     let ours = |scope: &Hash| -> Vec<Hash> {
         let st = shared.pipeline.status.read().unwrap();
@@ -250,7 +248,7 @@ fn sync_requests(addr: SocketAddr, shared: &NodeShared) -> Vec<SyncRequest> {
         let mut lacking = shared.pipeline.lacking.lock().unwrap();
         let mut i = 0;
         while i < lacking.len() {
-            if lacking[i].0 == addr {
+            if lacking[i].0 == origin {
                 let (_, scope, want) = lacking.remove(i);
                 if !out.iter().any(|r: &SyncRequest| r.scope == scope) {
                     let mut want = want;

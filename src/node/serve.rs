@@ -84,9 +84,14 @@ impl Drop for SyncClaim {
     }
 }
 
-/// Index of the configured peer at `addr`, plus one (0: not a peer).
-pub fn origin_of(shared: &NodeShared, addr: &std::net::SocketAddr) -> u64 {
-    shared.peers.iter().position(|p| p.addr == *addr).map(|i| i as u64 + 1).unwrap_or(0)
+/// Index of the configured peer a connection comes from, plus one (0: not
+/// a peer): the one whose key it proved, else (a peer configured by
+/// address alone) the one at its address. By key first: a peer behind a
+/// NAT or a relay connects from another address than the one it is dialed
+/// at.
+pub fn origin_of(shared: &NodeShared, addr: &std::net::SocketAddr, key: Option<&crate::protocol::PublicKey>) -> u64 {
+    let by_key = key.and_then(|k| shared.peers.iter().position(|p| p.key.as_ref() == Some(k)));
+    by_key.or_else(|| shared.peers.iter().position(|p| p.key.is_none() && p.addr == *addr)).map(|i| i as u64 + 1).unwrap_or(0)
 }
 
 /// Where the transport hands each decoded frame, from its fair dispatcher
@@ -107,7 +112,7 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
         let shared = &self.0;
         match inb.item {
             Incoming::Core(Decoded::Op { id, op, bytes }) => {
-                let origin = origin_of(shared, &inb.remote);
+                let origin = origin_of(shared, &inb.remote, inb.peer_key.as_ref());
                 let host = Some(crate::net::fair::origin_of(inb.remote));
                 shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host, authored: None }).await.map_err(|_| IngestClosed)?;
             }
@@ -116,17 +121,20 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
             }
             Incoming::Node(NodeMessage::Heartbeat(hb)) => {
                 metrics::counter!("dagfold_heartbeats_received_total").increment(1);
-                // Heartbeats come from the peer's own endpoint: its address
-                // is where it listens. Only the scopes its key may see are
-                // heard: anything else would let anyone have the node note
-                // heads to ask for, and learn which scopes it holds.
+                // The heads are noted for the configured peer that proved
+                // its key (its address may not be where it listens: a NAT,
+                // a relay), and that peer's link asks for them. Only the
+                // scopes its key may see are heard: anything else would
+                // let anyone have the node note heads to ask for, and
+                // learn which scopes it holds.
+                let origin = origin_of(shared, &inb.remote, inb.peer_key.as_ref());
                 for s in hb.scopes {
                     if let Err(reason) = may_see(shared, inb.peer_key.as_ref(), &s.scope) {
                         metrics::counter!("dagfold_requests_refused_total", "request" => "heartbeat", "reason" => reason).increment(1);
                         continue;
                     }
                     let heads: Vec<Hash> = s.governance_heads.iter().chain(&s.data_heads).copied().collect();
-                    let w = Work::Heads { peer: inb.remote, scope: s.scope, heads, root: s.root };
+                    let w = Work::Heads { peer: inb.remote, origin, scope: s.scope, heads, root: s.root };
                     shared.ingest.send(w).await.map_err(|_| IngestClosed)?;
                 }
             }

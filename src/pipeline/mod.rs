@@ -93,7 +93,9 @@ pub enum Work {
     /// is passed on so that the engine's counts match `import`'s.
     Malformed,
     /// A peer's heartbeat heads, to find what we lack (`docs/PROTOCOL.md`, "Gossip and heartbeat"; the node asks for it by sync, `node::peers`).
-    Heads { peer: std::net::SocketAddr, scope: Hash, heads: Vec<Hash>, root: Hash },
+    /// `origin` is the configured peer it came from (`node::serve::origin_of`,
+    /// 0: none), whose link asks; `peer` the address it came from.
+    Heads { peer: std::net::SocketAddr, origin: u64, scope: Hash, heads: Vec<Hash>, root: Hash },
 }
 
 /// Where the outcome of an authored op goes.
@@ -276,8 +278,9 @@ pub struct PipelineState {
     pub buffered_bytes: AtomicU64,
     /// Ids buffered ops wait for and nobody has sent yet (sync asks for them).
     pub wanted: Mutex<Vec<Hash>>,
-    /// Heads of peers that we lack, per scope (sync asks for them).
-    pub lacking: Mutex<Vec<(std::net::SocketAddr, Hash, Vec<Hash>)>>,
+    /// Heads of peers that we lack, per scope, by the configured peer whose
+    /// heartbeat named them (`Work::Heads`'s origin): its link asks for them.
+    pub lacking: Mutex<Vec<(u64, Hash, Vec<Hash>)>>,
     pub divergences_heartbeat: AtomicU64,
     /// One past the number of the last commit written (0: none yet).
     pub durable_commits: AtomicU64,

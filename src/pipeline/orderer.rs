@@ -330,12 +330,12 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
             note_host(hosts, host, useful);
             outcome
         }
-        Work::Heads { peer, scope, heads, root } => {
+        Work::Heads { peer, origin, scope, heads, root } => {
             let lacking: Vec<Hash> =
                 heads.iter().filter(|h| engine.op_state(h) == crate::core::OpState::Unknown).copied().collect();
             if !lacking.is_empty() {
                 let mut notes = shared.lacking.lock().unwrap();
-                notes.push((peer, scope, lacking));
+                notes.push((origin, scope, lacking));
                 let excess = notes.len().saturating_sub(crate::limits::LACKING_NOTES_MAX);
                 notes.drain(..excess);
                 gauge!("dagfold_lacking_notes").set(notes.len() as f64);

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod node;
+pub mod relay;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -13,6 +13,10 @@
 //! - `disk`: a full disk (a size-limited tmpfs) or a write error
 //!   (RLIMIT_FSIZE); the node must refuse, say so, keep answering, and
 //!   after space returns and a restart catch up from its peer.
+//! - `partition`: five nodes whose links go through UDP relays of the
+//!   campaign, cut and healed (asymmetric cuts too) under a seeded schedule
+//!   while 1,000 scopes of ops arrive spread over the nodes; after the last
+//!   heal every node must hold every scope at the same root and heads.
 //!
 //! Each prints one JSON report on stdout (progress on stderr) and exits 0
 //! only if every check passed. The node and the load generator are the
@@ -24,6 +28,7 @@ mod check;
 mod crash;
 mod disk;
 mod flood;
+mod partition;
 mod powercut;
 mod proc;
 
@@ -33,7 +38,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "dagfold-campaign", about = "Crash, flood and disk-fault campaigns against dagfold nodes (docs/RELIABILITY.md)")]
+#[command(name = "dagfold-campaign", about = "Crash, flood, disk-fault and partition campaigns against dagfold nodes (docs/RELIABILITY.md)")]
 struct Cli {
     /// The `dagfold` binary [default: beside this one].
     #[arg(long, global = true)]
@@ -64,6 +69,9 @@ enum Cmd {
     Flood(flood::FloodArgs),
     /// A full disk or a write error (see disk.rs).
     Disk(disk::DiskArgs),
+    /// Links between five nodes cut and healed through UDP relays (see
+    /// partition.rs).
+    Partition(partition::PartitionArgs),
 }
 
 fn main() -> ExitCode {
@@ -102,6 +110,7 @@ fn main() -> ExitCode {
         Cmd::Crash(a) => crash::run(a, &bins, &work),
         Cmd::Flood(a) => flood::run(a, &bins, &work),
         Cmd::Disk(a) => disk::run(a, &bins, &work),
+        Cmd::Partition(a) => partition::run(a, &bins, &work),
     };
     let code = match result {
         Ok(report) => {
