@@ -72,9 +72,8 @@ fn parse_args() -> anyhow::Result<Args> {
 /// One size's workload in both formats.
 struct Workload {
     ops: usize,
-    /// dagfold: the frames before the data ops (genesis, key delivery,
-    /// membership) and the data ops' frames in causal order.
-    prefix: Vec<Vec<u8>>,
+    /// dagfold: the data ops' frames in causal order (the files hold the
+    /// genesis, membership and key delivery before them).
     data: Vec<Vec<u8>>,
     scope: [u8; 32],
     root: [u8; 32],
@@ -138,7 +137,7 @@ fn build_workload(ops: usize, writers: usize, node_public: [u8; 32], node_kem: [
     let out_of_order_file = dir.join(format!("out-of-order-{ops}.frames"));
     write_frames(&causal_file, prefix.iter().chain(&data))?;
     write_frames(&out_of_order_file, prefix.iter().chain(out_of_order.iter().map(|&i| &data[i])))?;
-    Ok(Workload { ops, prefix, data, scope: w.scope, root: w.final_root, p2p, out_of_order, causal_file, out_of_order_file })
+    Ok(Workload { ops, data, scope: w.scope, root: w.final_root, p2p, out_of_order, causal_file, out_of_order_file })
 }
 
 /// dagfold's validation: what `dagfold import` does to a batch of frames
@@ -223,18 +222,24 @@ fn dagfold_node(bin: &Path, template: &Path, dir: &Path, file: &Path, w: &Worklo
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    let mut hello = String::new();
-    std::io::BufReader::new(node.stdout.take().expect("piped")).read_line(&mut hello)?;
-    let hello: serde_json::Value = serde_json::from_str(&hello).context("the node's first line")?;
-    let sent = Command::new(bin.join("dagfold-loadgen"))
-        .args(["send", "--node", &listen, "--admin", &admin, "--file"])
-        .arg(file)
-        .args(["--scope", &hex::encode(w.scope), "--root", &hex::encode(w.root)])
-        .args(["--node-key", hello["public_key"].as_str().unwrap_or_default(), "--timeout-s", "600"])
-        .stderr(Stdio::inherit())
-        .output();
+    // The node's stdout stays open until it stops (it may write more).
+    let mut stdout = std::io::BufReader::new(node.stdout.take().expect("piped"));
+    let sent = (|| -> anyhow::Result<std::process::Output> {
+        let mut hello = String::new();
+        stdout.read_line(&mut hello)?;
+        let hello: serde_json::Value = serde_json::from_str(&hello).context("the node's first line")?;
+        Ok(Command::new(bin.join("dagfold-loadgen"))
+            .args(["send", "--node", &listen, "--admin", &admin, "--file"])
+            .arg(file)
+            .args(["--scope", &hex::encode(w.scope), "--root", &hex::encode(w.root)])
+            .args(["--node-key", hello["public_key"].as_str().unwrap_or_default(), "--timeout-s", "600"])
+            .stderr(Stdio::inherit())
+            .output()?)
+    })();
+    // Stopped whatever happened: SIGTERM, as an operator would.
     let _ = Command::new("kill").args(["-TERM", &node.id().to_string()]).status();
     node.wait()?;
+    drop(stdout);
     std::fs::remove_dir_all(dir)?;
     let sent = sent?;
     if !sent.status.success() {
@@ -345,7 +350,6 @@ fn main() -> anyhow::Result<()> {
         let p2p_bytes = w.p2p.iter().map(|o| o.header.len() + o.body.len()).sum::<usize>() as f64 / size as f64;
         let df_bytes = w.data.iter().map(|f| f.len()).sum::<usize>() as f64 / size as f64;
         sizes_bytes.push((size, p2p_bytes, df_bytes));
-        let _ = &w.prefix;
         for rep in 0..a.reps {
             // Alternate which side goes first, rep by rep.
             let p2p_first = rep % 2 == 0;
