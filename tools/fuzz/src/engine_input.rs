@@ -176,6 +176,7 @@ fn workload(k: CacheKey) -> Rc<Workload> {
             rotate_at: rotate_at.map(usize::from),
             chain,
             remove_writer_at: remove_writer_at.map(usize::from),
+            view_lag: None,
         };
         let id = node_identity();
         let w = Rc::new(generate(&cfg, id.public_key, id.kem_public));
