@@ -557,3 +557,36 @@ fn the_cell_index_is_written_with_the_cells_and_built_for_an_older_store() {
     let node = InlineDriver::open(RocksStore::open(dir.path()).unwrap(), Config::default(), 0).unwrap();
     assert_eq!(items(&node.store), written, "built at open, the same records");
 }
+
+/// `--memtable-bytes-max` (`RocksStore::open_tuned`): 400 KB of ops
+/// through memtables capped at 64 KiB reach table files without a flush
+/// asked for; uncapped (32 MiB), the same writes stay in the memtable.
+#[test]
+fn a_memtable_cap_flushes_small_tables() {
+    use dagfold::core::Write;
+    let table_files = |dir: &std::path::Path| {
+        std::fs::read_dir(dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "sst")).count()
+    };
+    for cap in [Some(64 << 10), None] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let mut s = RocksStore::open_tuned(&path, cap).unwrap();
+        for i in 0u32..400 {
+            let mut key = [0u8; 32];
+            key[..4].copy_from_slice(&i.to_be_bytes());
+            s.write(&[Write::Put(Cf::Ops, key.to_vec(), vec![7; 1000])], false).unwrap();
+        }
+        // Flushes run in the background: wait for one (or, uncapped, for
+        // the time one would take).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while table_files(&path) == 0 && cap.is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if cap.is_some() {
+            assert!(table_files(&path) > 0, "capped: flushed to table files");
+        } else {
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(table_files(&path), 0, "uncapped: still in the memtable");
+        }
+    }
+}

@@ -60,6 +60,8 @@ pub struct NodeConfig {
     pub buffered_ops_total_max: u64,
     pub buffered_bytes_total_max: u64,
     pub network_threads: usize,
+    /// `store::rocks::RocksStore::open_tuned`'s cap on each memtable.
+    pub memtable_bytes_max: Option<usize>,
     pub pipeline: PipelineConfig,
     pub net: crate::net::ServerConfig,
 }
@@ -143,6 +145,12 @@ pub struct Settings {
     /// commits).
     #[arg(long)]
     pub durability: Option<String>,
+    /// Caps every table's memtable, in bytes (otherwise 32 MiB for ops and
+    /// pending ops, 8 MiB for cells, 4 MiB for the rest): a smaller one
+    /// flushes more often, for less memory or for the crash campaign's
+    /// kills aimed at flushes [default: no cap]
+    #[arg(long)]
+    pub memtable_bytes_max: Option<usize>,
     /// QUIC connections open at once
     #[arg(long)]
     pub connections_max: Option<u32>,
@@ -187,6 +195,7 @@ impl Settings {
             network_threads: Some(network_threads_default()),
             commit_ops_max: Some(pipeline.commit_ops_max),
             durability: Some("durable".to_owned()),
+            memtable_bytes_max: None,
             connections_max: Some(net.connections_max),
             streams_per_connection_max: Some(net.streams_per_connection_max),
             connections_per_origin_max: None,
@@ -233,6 +242,7 @@ impl Settings {
             buffered_ops_total_max: set(self.buffered_ops_total_max),
             buffered_bytes_total_max: set(self.buffered_bytes_total_max),
             network_threads: set(self.network_threads),
+            memtable_bytes_max: self.memtable_bytes_max,
             pipeline: PipelineConfig {
                 verifier_threads: set(self.verifier_threads),
                 commit_ops_max: set(self.commit_ops_max),

@@ -98,7 +98,7 @@ impl crate::pipeline::HostOutcomes for HostTurns {
 /// Runs a node until SIGINT or SIGTERM, then drains and closes.
 pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let metrics = install_metrics();
-    let mut store = RocksStore::open(&cfg.data_dir)?;
+    let mut store = RocksStore::open_tuned(&cfg.data_dir, cfg.memtable_bytes_max)?;
     let identity = crate::store::load_or_create_identity(&mut store)?;
     // After the store: its opening made the data directory private.
     let api_token = crate::api::load_or_create_token(&cfg.api_token_file)

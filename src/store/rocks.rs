@@ -20,7 +20,15 @@ impl RocksStore {
     /// Opens (or creates) the store in `path`, a private directory
     /// (`super::private_dir`: refused if other users may enter it).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_tuned(path, None)
+    }
+
+    /// `open`, with every table's memtable capped at `memtable_bytes_max`
+    /// (the node's `--memtable-bytes-max`): smaller memtables flush more
+    /// often.
+    pub fn open_tuned(path: &Path, memtable_bytes_max: Option<usize>) -> Result<Self, StoreError> {
         super::private_dir(path)?;
+        let cap = |bytes: usize| memtable_bytes_max.map_or(bytes, |m| bytes.min(m.max(MEMTABLE_BYTES_MIN)));
         keep_rocksdb_allocations_on_the_heap();
         let mut opts = Options::default();
         opts.create_if_missing(true);
@@ -31,7 +39,7 @@ impl RocksStore {
         // Memtables: small ones measured faster (`dagfold import` of 100k ops:
         // 2.5 s CPU at 8 MiB against 2.9 s at 64 MiB and 3.1 s at 4 MiB):
         // the skip-list search (FindSpliceForLevel) is the top RocksDB cost.
-        opts.set_write_buffer_size(64 << 20);
+        opts.set_write_buffer_size(cap(64 << 20));
         // One writer thread (the committer): the single-writer memtable
         // insert reuses its skip-list splice, the concurrent one does not.
         opts.set_allow_concurrent_memtable_write(false);
@@ -73,11 +81,11 @@ impl RocksStore {
                 // 3.97 s, 1.55–1.60 GB written; at 32 MiB, three runs
                 // paired with them: 60.0–64.3k ops/s, 1.23–1.57 s, 0.96–1.06
                 // GB (64 MiB: 61.5k; ARCHITECTURE.md, "Memtables").
-                o.set_write_buffer_size(match cf {
+                o.set_write_buffer_size(cap(match cf {
                     Cf::Pending | Cf::Ops => 32 << 20,
                     Cf::Projection => 8 << 20,
                     _ => 4 << 20,
-                });
+                }));
                 // LZ4 everywhere: turning it off for the ciphertext column
                 // families measured no better (`tools/bench reversed`: 16.7k
                 // ops/s without, 19.7k with; noisy) and stores more bytes.
@@ -190,6 +198,10 @@ fn keep_rocksdb_allocations_on_the_heap() {
 /// niced too, it fell behind (disk per op at the end of shuffled
 /// 590/629 → 763/802 B).
 pub const FLUSH_NICE: i32 = 10;
+
+/// The smallest memtable `open_tuned` sets, whatever its cap: one commit's
+/// batch of ~4k ops should fit in a few.
+const MEMTABLE_BYTES_MIN: usize = 64 << 10;
 
 /// Read-ahead of the table scans at open (`TableScan::scan`, and the cold
 /// filter's read of the ops table): each reads a whole table once, in key

@@ -92,6 +92,11 @@ pub struct CrashArgs {
     /// are committed in many parts and kills land between them.
     #[arg(long, default_value_t = 16)]
     pub commit_ops_max: usize,
+    /// The killed node's `--memtable-bytes-max`: small, so that it flushes
+    /// (and compacts) every few thousand ops and kills aimed at a flush or
+    /// a MANIFEST write find one; 0: the node's own sizes.
+    #[arg(long, default_value_t = 256 << 10)]
+    pub memtable_bytes_max: usize,
 }
 
 /// Per aim (those of early kills too): how many were tried and how many fired.
@@ -131,6 +136,9 @@ pub fn run(a: &CrashArgs, bins: &Bins, work: &Path) -> anyhow::Result<serde_json
     let mut b = NodeProc::at("peer B", &bins.dagfold, &dir_b, &work.join("b.log"), lb, hb, &hb_flags(&id_a, la));
     let mut a_flags = hb_flags(&id_b, lb);
     a_flags.extend(["--commit-ops-max".to_string(), a.commit_ops_max.to_string()]);
+    if a.memtable_bytes_max > 0 {
+        a_flags.extend(["--memtable-bytes-max".to_string(), a.memtable_bytes_max.to_string()]);
+    }
     if let Some(d) = &a.durability {
         a_flags.extend(["--durability".to_string(), d.clone()]);
     }
