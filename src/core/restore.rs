@@ -186,6 +186,13 @@ impl Engine {
             buffered.push((seq, k.try_into().unwrap(), v[8..].to_vec(), BufKind::KeyWait, false));
         })?;
         buffered.sort_by_key(|b| b.0);
+        // Every buffered op is held before any one's dependencies are
+        // looked at: an id the engine does not hold may be looked up in the
+        // store (the cold index, partial until completed), and the store
+        // holds the pending ops too, which are not applied.
+        for (_, id, ..) in &buffered {
+            e.ops.insert(*id, Entry::Buffered);
+        }
         for (seq, id, bytes, kind, in_ops) in buffered {
             let op = decode_op(&bytes).expect("a buffered op decodes");
             assert_eq!(delta_id_of_body(op_body(&bytes)), id, "a buffered op sits under its id");
@@ -299,5 +306,27 @@ mod tests {
         assert_eq!(r.handle_frame(&data[31].frame, 0), Outcome::Applied, "its parent is hot");
         assert_eq!(r.op_state(&[7; 32]), OpState::Unknown);
         assert_eq!(r.stats.cold_reads, reads + 1, "an unknown id: the filter says no, nothing read");
+    }
+
+    /// A pending op whose parent is pending too, the child stored first:
+    /// restored with a partial cold filter, the parent is not taken for an
+    /// applied op (the store holds pending ops as well), so the child still
+    /// waits on it and is released with it when the grandparent comes.
+    #[test]
+    fn a_cold_restore_never_takes_a_pending_op_for_an_applied_one() {
+        let (id, data, store, mut e) = chain(4, Config::default());
+        e.set_cold(Box::new(SharedCold(store.clone())));
+        assert_eq!(e.handle_frame(&data[0].frame, 0), Outcome::Applied);
+        assert_eq!(e.handle_frame(&data[3].frame, 0), Outcome::NotYet(BufKind::Pending));
+        assert_eq!(e.handle_frame(&data[2].frame, 0), Outcome::NotYet(BufKind::Pending));
+        write(&mut e, &store);
+        let tables = store.lock().unwrap().reopened();
+        let mut r = Engine::restore(Config::default(), id, &tables, Some(Box::new(SharedCold(store.clone()))), 0).expect("the tables read back");
+        assert!(r.cold_filter_partial());
+        assert_eq!(r.op_state(&data[3].id), OpState::Buffered(BufKind::Pending));
+        assert_eq!(r.op_state(&data[2].id), OpState::Buffered(BufKind::Pending));
+        assert_eq!(r.handle_frame(&data[1].frame, 0), Outcome::Applied);
+        assert_eq!(r.op_state(&data[2].id), OpState::Applied);
+        assert_eq!(r.op_state(&data[3].id), OpState::Applied, "released with its parent");
     }
 }
