@@ -20,6 +20,7 @@ pub mod net;
 pub mod niceness;
 #[cfg(feature = "rocksdb-store")]
 pub mod node;
+pub mod peering;
 pub mod pipeline;
 pub mod protocol;
 pub mod store;

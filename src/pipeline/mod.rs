@@ -267,7 +267,7 @@ pub struct PipelineState {
     /// Ids buffered ops wait for and nobody has sent yet (sync asks for them).
     pub wanted: Mutex<Vec<Hash>>,
     /// Heads of peers that we lack, per scope (sync asks for them).
-    pub lacking: Mutex<Vec<(std::net::SocketAddr, Hash, Vec<Hash>)>>,
+    pub lacking: Mutex<crate::peering::LackingNotes<std::net::SocketAddr>>,
     pub divergences_heartbeat: AtomicU64,
     /// One past the number of the last commit written (0: none yet).
     pub durable_commits: AtomicU64,
@@ -348,7 +348,7 @@ impl Pipeline {
             buffered_ops: AtomicU64::new(0),
             buffered_bytes: AtomicU64::new(0),
             wanted: Mutex::new(Vec::new()),
-            lacking: Mutex::new(Vec::new()),
+            lacking: Mutex::new(Default::default()),
             divergences_heartbeat: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
             durable: tokio::sync::watch::Sender::new(0),
