@@ -28,5 +28,8 @@ pub mod store;
 // on): the shipped library holds only the node.
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+// The seeded multi-node simulation (`tests/sim.rs`, `dagfold-campaign sim`).
+#[cfg(any(test, feature = "testkit"))]
+pub mod sim;
 #[cfg(any(test, feature = "testkit"))]
 pub mod workload;

@@ -29,6 +29,13 @@ impl Countdown {
         Arc::new(Countdown { fail_at: AtomicU64::new(fail_at.unwrap_or(0)), done: AtomicU64::new(0) })
     }
 
+    /// Fails no operation from now on (one already failed stays failed).
+    pub fn disarm(&self) {
+        if !self.landed() {
+            self.fail_at.store(0, Ordering::SeqCst);
+        }
+    }
+
     /// Fails the next operation.
     pub fn fail_next(&self) {
         self.fail_at.store(self.done() + 1, Ordering::SeqCst);
