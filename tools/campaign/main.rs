@@ -13,6 +13,8 @@
 //! - `disk`: a full disk (a size-limited tmpfs) or a write error
 //!   (RLIMIT_FSIZE); the node must refuse, say so, keep answering, and
 //!   after space returns and a restart catch up from its peer.
+//! - `sim`: the seeded multi-node simulation (`dagfold::sim`) over many
+//!   seeds, in this process (no binaries, no network).
 //!
 //! Each prints one JSON report on stdout (progress on stderr) and exits 0
 //! only if every check passed. The node and the load generator are the
@@ -26,6 +28,7 @@ mod disk;
 mod flood;
 mod powercut;
 mod proc;
+mod sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,10 +67,21 @@ enum Cmd {
     Flood(flood::FloodArgs),
     /// A full disk or a write error (see disk.rs).
     Disk(disk::DiskArgs),
+    /// The seeded multi-node simulation over many seeds (see sim.rs).
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::Sim(a) = &cli.command {
+        let report = sim::run(a);
+        println!("{}", serde_json::to_string(&report).unwrap());
+        if report["ok"] == true {
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("dagfold-campaign: FAILED: {} seeds", report["failures"]);
+        return ExitCode::FAILURE;
+    }
     let here = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
     let bins = proc::Bins {
         dagfold: cli.dagfold_bin.unwrap_or_else(|| here.join("dagfold")),
@@ -102,6 +116,7 @@ fn main() -> ExitCode {
         Cmd::Crash(a) => crash::run(a, &bins, &work),
         Cmd::Flood(a) => flood::run(a, &bins, &work),
         Cmd::Disk(a) => disk::run(a, &bins, &work),
+        Cmd::Sim(_) => unreachable!("run above"),
     };
     let code = match result {
         Ok(report) => {
