@@ -316,6 +316,8 @@ struct ClientMsg {
     /// A key delivery's recipient (the node it is sent to) and key id.
     key: Option<(usize, Hash)>,
     acked: bool,
+    /// Which node's commit acknowledged it, with its outcome there.
+    acked_by: Option<(usize, Outcome)>,
 }
 
 /// A node's state that lives only in memory: lost at a crash.
@@ -333,6 +335,8 @@ struct Running {
     origins: BTreeMap<Hash, u64>,
     /// Client messages handled since the last commit, with their outcome.
     unacked: Vec<(usize, Outcome)>,
+    /// Ops judged since the last commit that went into a durable buffer.
+    buffered: Vec<Hash>,
     commit_scheduled: bool,
 }
 
@@ -348,6 +352,10 @@ struct SimNode {
     applied: BTreeSet<Hash>,
     /// The last event sequence number durable per scope.
     event_seq: BTreeMap<Hash, u64>,
+    /// Ops a durable commit held buffered (pending, key wait): a crash
+    /// must not lose them. Left out at a crash: those the running engine
+    /// had forgotten by then (a key wait's deadline, an eviction).
+    kept: BTreeSet<Hash>,
     /// The countdown of the store now in use (whether its fault landed).
     countdown: Option<Arc<Countdown>>,
 }
@@ -404,6 +412,7 @@ impl Sim {
                 skew_ms: 0,
                 applied: BTreeSet::new(),
                 event_seq: BTreeMap::new(),
+                kept: BTreeSet::new(),
                 countdown: None,
             });
         }
@@ -516,7 +525,7 @@ impl Sim {
                     self.stats.ops += 1;
                 }
                 let msg = self.client.len();
-                self.client.push(ClientMsg { frame: m.frame.clone(), id: m.id, key, acked: false });
+                self.client.push(ClientMsg { frame: m.frame.clone(), id: m.id, key, acked: false, acked_by: None });
                 self.seq += 1;
                 self.queue.insert((t, self.seq), Ev::ClientSend { msg });
                 t += self.rng.range(0, 120);
@@ -760,7 +769,14 @@ impl Sim {
                 if origin != 0 {
                     r.origins.insert(id, origin);
                 }
-                r.engine.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, valid, now)
+                let outcome = r.engine.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, valid, now);
+                if matches!(outcome, Outcome::NotYet(crate::core::BufKind::Pending | crate::core::BufKind::KeyWait)) {
+                    r.buffered.push(id);
+                }
+                if traced(&id) {
+                    eprintln!("trace {}: node {node} judged {} from {origin}: {outcome:?}", self.now, short(&id));
+                }
+                outcome
             }
         }
     }
@@ -910,6 +926,21 @@ impl Sim {
         }
         r.engine.note_durable(commit.number);
         self.stats.commits += 1;
+        for w in &commit.writes {
+            let (what, cf, k) = match w {
+                crate::core::Write::Put(cf, k, _) => ("put", cf, k),
+                crate::core::Write::Delete(cf, k) => ("delete", cf, k),
+            };
+            if traced(k) {
+                let state = <Hash>::try_from(k.as_slice()).map(|id| r.engine.op_state(&id));
+                eprintln!("trace {}: node {node} commit {} {what} {}; now {state:?}", self.now, commit.number, cf.name());
+            }
+        }
+        for (id, _) in &commit.applied {
+            if traced(id) {
+                eprintln!("trace {}: node {node} commit {} applied it", self.now, commit.number);
+            }
+        }
         self.after_commit(node, commit)?;
         let now = self.local_now(node);
         let r = self.nodes[node].running.as_mut().expect("up");
@@ -930,6 +961,8 @@ impl Sim {
             *last = ev.seq;
             self.stats.events_checked += 1;
         }
+        let r = n.running.as_mut().expect("up");
+        n.kept.extend(r.buffered.drain(..));
         for (id, _) in &commit.applied {
             if !n.applied.insert(*id) {
                 return Err(format!("node {node}: op {} applied twice", short(id)));
@@ -979,6 +1012,7 @@ impl Sim {
             };
             if kept {
                 self.client[msg].acked = true;
+                self.client[msg].acked_by = Some((node, outcome));
             } else {
                 retry.push(msg);
             }
@@ -1008,7 +1042,11 @@ impl Sim {
     fn crash(&mut self, node: usize) {
         let n = &mut self.nodes[node];
         n.incarnation += 1;
+        if std::env::var("DAGFOLD_SIM_TRACE").is_ok() {
+            eprintln!("trace {}: node {node} crashed", self.now);
+        }
         let Some(r) = n.running.take() else { return };
+        n.kept.retain(|id| r.engine.op_state(id) != OpState::Unknown);
         self.stats.cold_reads += r.engine.stats.cold_reads;
         self.stats.key_timeouts += r.engine.stats.key_timeouts;
         for (msg, _) in r.unacked {
@@ -1046,6 +1084,11 @@ impl Sim {
             return self.restart_failed(node, &countdown);
         }
         engine.note_durable(commit.number);
+        reports(&mut engine).map_err(|e| format!("node {node} after a restore: {e}"))?;
+        if std::env::var("DAGFOLD_SIM_TRACE").is_ok() {
+            let ids: Vec<String> = commit.applied.iter().map(|(id, _)| short(id)).collect();
+            eprintln!("trace {}: node {node} restarted, its restore commit applied [{}]", self.now, ids.join(","));
+        }
         let hb = self.cfg.heartbeat_ms;
         let links = (0..self.nodes.len()).map(|p| (p != node).then(|| (LinkTimers::new(now, hb), None))).collect();
         let mut published = BTreeMap::new();
@@ -1063,6 +1106,7 @@ impl Sim {
             published,
             origins: BTreeMap::new(),
             unacked: Vec::new(),
+            buffered: Vec::new(),
             commit_scheduled: false,
         });
         n.incarnation += 1;
@@ -1108,6 +1152,10 @@ impl Sim {
         if let Some(more) = held.difference(&n.applied).next() {
             return Err(format!("node {node}: its store holds op {} applied, which no durable commit applied", short(more)));
         }
+        let has = |cf: Cf, id: &Hash| durable.table(cf).is_some_and(|t| t.contains_key(id.as_slice()));
+        if let Some(lost) = n.kept.iter().find(|id| !has(Cf::Ops, id) && !has(Cf::KeyWaits, id) && !has(Cf::Dropped, id)) {
+            return Err(format!("node {node}: op {} was durably buffered, and is not in its store after a restart", short(lost)));
+        }
         let mut seqs = BTreeMap::new();
         for (k, v) in durable.table(Cf::Meta).into_iter().flatten() {
             if let Some(scope) = k.strip_prefix(META_SCOPE_PREFIX) {
@@ -1151,6 +1199,7 @@ impl Sim {
         let mut out = String::new();
         let unacked = self.client.iter().filter(|m| !m.acked).count();
         out += &format!("client messages not acknowledged: {unacked}\n");
+        let mut missing: BTreeSet<Hash> = BTreeSet::new();
         for (i, n) in self.nodes.iter_mut().enumerate() {
             let Some(r) = n.running.as_mut() else {
                 out += &format!("node {i}: down\n");
@@ -1161,6 +1210,7 @@ impl Sim {
                     None => out += &format!("node {i}: scope {} unknown\n", short(id)),
                     Some(got) => {
                         if got.applied != want.applied || got.root != want.root || got.data_heads != want.data_heads {
+                            missing.extend(want.applied.iter().filter(|a| !got.applied.contains(a)));
                             let missing: Vec<String> = want.applied.iter().filter(|a| !got.applied.contains(a)).map(short).collect();
                             out += &format!(
                                 "node {i}: scope {}: applied {} of {} (missing {}), pending {}, key waits {}+{}, root {} vs {}\n",
@@ -1178,6 +1228,12 @@ impl Sim {
                     }
                 }
             }
+        }
+        for id in &missing {
+            let acked = self.client.iter().find(|m| m.id == *id).and_then(|m| m.acked_by);
+            let states: Vec<String> =
+                self.nodes.iter().map(|n| n.running.as_ref().map_or("down".into(), |r| format!("{:?}", r.engine.op_state(id)))).collect();
+            out += &format!("op {}: acknowledged by {acked:?}; now {}\n", short(id), states.join(", "));
         }
         out
     }
@@ -1251,6 +1307,12 @@ fn reports(e: &mut Engine) -> Result<BTreeMap<Hash, ScopeReport>, String> {
         out.insert(id, r);
     }
     Ok(out)
+}
+
+/// `DAGFOLD_SIM_TRACE=HEX`: what happens to the ops whose id starts so.
+fn traced(id: &[u8]) -> bool {
+    static TRACE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    TRACE.get_or_init(|| std::env::var("DAGFOLD_SIM_TRACE").ok()).as_ref().is_some_and(|t| hex::encode(id).starts_with(t.as_str()))
 }
 
 fn short(h: &Hash) -> String {

@@ -41,7 +41,7 @@ fn replay() {
 
 /// The same seed gives the same run, to the message.
 #[test]
-fn a_seed_replays_the_same() {
+fn one_seed_runs_the_same_twice() {
     let a = dagfold::sim::run(3).expect("seed 3");
     let b = dagfold::sim::run(3).expect("seed 3");
     assert_eq!(format!("{a:?}"), format!("{b:?}"));
