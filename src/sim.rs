@@ -299,6 +299,9 @@ enum Ev {
     /// A client's message reaches `to` (if that incarnation is still up).
     ClientDeliver { to: usize, incarnation: u64, msg: usize },
     ClientSend { msg: usize },
+    /// Whether an op acknowledged only as buffered was applied anywhere
+    /// since; if not, the client sends it again.
+    ClientCheck { msg: usize },
     Tick { node: usize, incarnation: u64 },
     Commit { node: usize, incarnation: u64 },
     Crash { node: usize },
@@ -377,8 +380,9 @@ struct Sim {
     verified: BTreeSet<(Hash, [u8; 64])>,
     crashes_left: u32,
     /// The reference: every scope's report of one engine fed every message
-    /// in causal order.
+    /// in causal order, and the ops it applied.
     reference: BTreeMap<Hash, ScopeReport>,
+    reference_applied: BTreeSet<Hash>,
     stats: SimStats,
 }
 
@@ -433,6 +437,7 @@ impl Sim {
             verified: BTreeSet::new(),
             crashes_left,
             reference: BTreeMap::new(),
+            reference_applied: BTreeSet::new(),
             stats,
         }
     }
@@ -534,6 +539,7 @@ impl Sim {
         reference.take_commit().expect("no cold index");
         for id in reference.scope_ids() {
             let r = reference.report(&id).expect("listed");
+            self.reference_applied.extend(r.applied.iter().copied());
             self.reference.insert(id, r);
         }
     }
@@ -543,6 +549,15 @@ impl Sim {
             Ev::Deliver { to, from, wire } => self.deliver(to, from, wire),
             Ev::ClientSend { msg } => {
                 self.client_send(msg);
+                Ok(())
+            }
+            Ev::ClientCheck { msg } => {
+                let id = self.client[msg].id;
+                if self.client[msg].acked && !self.nodes.iter().any(|n| n.applied.contains(&id)) {
+                    self.client[msg].acked = false;
+                    self.client[msg].acked_by = None;
+                    self.client_retry(msg);
+                }
                 Ok(())
             }
             Ev::ClientDeliver { to, incarnation, msg } => {
@@ -1000,6 +1015,7 @@ impl Sim {
         }
         let unacked = std::mem::take(&mut r.unacked);
         let mut retry = Vec::new();
+        let mut checks = Vec::new();
         for (msg, outcome) in unacked {
             let m = &self.client[msg];
             let kept = match outcome {
@@ -1013,12 +1029,23 @@ impl Sim {
             if kept {
                 self.client[msg].acked = true;
                 self.client[msg].acked_by = Some((node, outcome));
+                // Buffered is not for good: a data op woken into a key wait
+                // is dropped for now at its deadline (SPEC §6 step 4), to be
+                // judged afresh when sent again. So, as the load generator
+                // does, the client sends again an op no node applied.
+                if matches!(outcome, Outcome::NotYet(_) | Outcome::Duplicate) && self.reference_applied.contains(&self.client[msg].id) {
+                    checks.push(msg);
+                }
             } else {
                 retry.push(msg);
             }
         }
         for msg in retry {
             self.client_retry(msg);
+        }
+        for msg in checks {
+            let t = self.rng.range(2_000, 4_000);
+            self.at(t, Ev::ClientCheck { msg });
         }
         for (peer, scope, wire) in out {
             if self.may_see(node, peer, &scope).is_ok() {
