@@ -18,7 +18,10 @@
 //!   per scope, and an op is applied at most once, across crashes;
 //! - after every restart, the store holds every op the node's commits
 //!   applied, and its event sequence numbers, no more and no less
-//!   (nothing acknowledged is lost; uncommitted work is);
+//!   (nothing acknowledged is lost; uncommitted work is), and every op a
+//!   durable commit held buffered, unless the engine had forgotten it (a
+//!   key wait's deadline, an eviction); the restored reports are
+//!   self-consistent;
 //! - two nodes whose heartbeat heads are equal have the same root;
 //! - after the faults, with every link healed and every node up, within a
 //!   quiet period: every node holds, for every scope, the applied set,
@@ -340,6 +343,9 @@ struct Running {
     unacked: Vec<(usize, Outcome)>,
     /// Ops judged since the last commit that went into a durable buffer.
     buffered: Vec<Hash>,
+    /// Ops judged afresh into a data key wait: in memory only (unlike a
+    /// pending op woken into one, which keeps its records).
+    fresh_waits: BTreeSet<Hash>,
     commit_scheduled: bool,
 }
 
@@ -785,8 +791,12 @@ impl Sim {
                     r.origins.insert(id, origin);
                 }
                 let outcome = r.engine.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, valid, now);
-                if matches!(outcome, Outcome::NotYet(crate::core::BufKind::Pending | crate::core::BufKind::KeyWait)) {
-                    r.buffered.push(id);
+                match outcome {
+                    Outcome::NotYet(crate::core::BufKind::Pending | crate::core::BufKind::KeyWait) => r.buffered.push(id),
+                    Outcome::NotYet(crate::core::BufKind::DataKeyWait) => {
+                        r.fresh_waits.insert(id);
+                    }
+                    _ => {}
                 }
                 if traced(&id) {
                     eprintln!("trace {}: node {node} judged {} from {origin}: {outcome:?}", self.now, short(&id));
@@ -1073,7 +1083,14 @@ impl Sim {
             eprintln!("trace {}: node {node} crashed", self.now);
         }
         let Some(r) = n.running.take() else { return };
-        n.kept.retain(|id| r.engine.op_state(id) != OpState::Unknown);
+        // What the engine forgot, or holds again only in memory (judged
+        // afresh into a key wait after its deadline), may be gone; and an
+        // engine stopped on a failed read cannot say (`Unreadable`).
+        n.kept.retain(|id| match r.engine.op_state(id) {
+            OpState::Unknown | OpState::Unreadable => false,
+            OpState::Buffered(crate::core::BufKind::DataKeyWait) => !r.fresh_waits.contains(id),
+            _ => true,
+        });
         self.stats.cold_reads += r.engine.stats.cold_reads;
         self.stats.key_timeouts += r.engine.stats.key_timeouts;
         for (msg, _) in r.unacked {
@@ -1134,6 +1151,7 @@ impl Sim {
             origins: BTreeMap::new(),
             unacked: Vec::new(),
             buffered: Vec::new(),
+            fresh_waits: BTreeSet::new(),
             commit_scheduled: false,
         });
         n.incarnation += 1;
