@@ -20,6 +20,7 @@ pub mod net;
 pub mod niceness;
 #[cfg(feature = "rocksdb-store")]
 pub mod node;
+pub mod peering;
 pub mod pipeline;
 pub mod protocol;
 pub mod store;
@@ -27,5 +28,8 @@ pub mod store;
 // on): the shipped library holds only the node.
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+// The seeded multi-node simulation (`tests/sim.rs`, `dagfold-campaign sim`).
+#[cfg(any(test, feature = "testkit"))]
+pub mod sim;
 #[cfg(any(test, feature = "testkit"))]
 pub mod workload;

@@ -146,6 +146,15 @@ struct View {
 
 /// Generates a scope for a node with `node_public` / `node_kem`.
 pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]) -> Workload {
+    generate_for(cfg, node_public, node_kem, &[])
+}
+
+/// `generate`, with `readers` (other nodes' public and X25519 keys) made
+/// readers too, each delivered every key right after the node's delivery
+/// of it: a scope replicated by several nodes (the simulator's). The
+/// ephemeral keys of their deliveries are derived from the seed, so the
+/// rest of the scope is the same as `generate`'s.
+pub fn generate_for(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32], readers: &[(PublicKey, [u8; 32])]) -> Workload {
     match cfg.view_lag {
         None => assert!(cfg.writers >= 1 && cfg.writers <= 32, "1..=32 writers (parents are at most 32) without view_lag"),
         Some(lag) => assert!(cfg.writers >= 1 && lag < OP_PARENTS_MAX as usize, "view_lag at most 31: parents are at most 32"),
@@ -178,15 +187,24 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
     let delivery = |key: &[u8; 32], rng: &mut rand::rngs::StdRng| {
         let e: [u8; 32] = rng.gen();
         let kd = seal_key_delivery(scope, key, node_public, &node_kem, &e);
-        Generated { frame: encode(&Message::Key(kd)), id: ZERO, is_data: false }
+        let mut out = vec![Generated { frame: encode(&Message::Key(kd)), id: ZERO, is_data: false }];
+        for (n, (public, kem)) in readers.iter().enumerate() {
+            let e = crate::protocol::crypto::sha256_parts(&[b"workload/reader", &cfg.seed.to_le_bytes(), &(n as u32).to_le_bytes(), key]);
+            let kd = seal_key_delivery(scope, key, *public, kem, &e);
+            out.push(Generated { frame: encode(&Message::Key(kd)), id: ZERO, is_data: false });
+        }
+        out
     };
-    messages.push(delivery(&k1, &mut rng));
+    messages.extend(delivery(&k1, &mut rng));
     hlc += 1;
     let mut actions: Vec<GovAction> = writers
         .iter()
         .map(|w| GovAction::AddMember { member: w.public_key, role: Role::Writer, kem: x25519_public(&w.seed) })
         .collect();
     actions.push(GovAction::AddMember { member: node_public, role: Role::Reader, kem: node_kem });
+    for (public, kem) in readers {
+        actions.push(GovAction::AddMember { member: *public, role: Role::Reader, kem: *kem });
+    }
     let mut g1 = gov_op(scope, vec![scope], hlc, &k1, rng.gen(), actions);
     let (frame, g1_id) = sign_op(&mut g1, &admin);
     messages.push(Generated { frame, id: g1_id, is_data: false });
@@ -217,7 +235,7 @@ pub fn generate(cfg: &WorkloadConfig, node_public: PublicKey, node_kem: [u8; 32]
             let mut g2 = gov_op(scope, cut.clone(), hlc, &key, rng.gen(), vec![GovAction::RotateKey { key_id: key_id_of(&k2) }]);
             let (frame, g2_id) = sign_op(&mut g2, &admin);
             messages.push(Generated { frame, id: g2_id, is_data: false });
-            messages.push(delivery(&k2, &mut rng));
+            messages.extend(delivery(&k2, &mut rng));
             cut = vec![g2_id];
             key = k2;
             keys.push(k2);

@@ -314,3 +314,73 @@ fn a_thousand_writers_with_lagging_views_converge() {
         assert_eq!(e.stats.divergences, 0);
     }
 }
+
+/// A pending op woken into a data key wait keeps its durable records (its
+/// pending record and encoding), so a crash within the wait loses nothing
+/// that was durable; at its deadline both go with it (dropped for now,
+/// SPEC §6 step 4). Found by the simulator (`tests/sim.rs`, seed 7612 of
+/// the campaign): an op a node held durably as pending was woken into a
+/// key wait, its records deleted, and the node restarted; no node ever had
+/// it again, nor what built on it.
+#[test]
+fn a_pending_op_woken_into_a_key_wait_survives_a_restart() {
+    use dagfold::core::{BufKind, Cf};
+    use dagfold::store::memory::MemStore;
+    use dagfold::store::Store;
+    let commit = |e: &mut Engine, store: &mut MemStore| {
+        let c = e.take_commit().expect("no cold index");
+        store.write(&c.writes, true).expect("the in-memory store");
+        e.note_durable(c.number);
+    };
+    let w = workload(WorkloadConfig { data_ops: 4, writers: 1, chain: true, rotate_at: Some(2), ..Default::default() });
+    let data: Vec<_> = w.messages.iter().filter(|m| m.is_data).collect();
+    let gov: Vec<_> = w.messages.iter().filter(|m| !m.is_data && m.id != [0; 32]).collect();
+    let deliveries: Vec<_> = w.messages.iter().filter(|m| m.id == [0; 32]).collect();
+    assert_eq!((data.len(), gov.len(), deliveries.len()), (4, 3, 2), "genesis, members, rotation; a delivery per key");
+    let cfg = Config::default();
+    let mut store = MemStore::new();
+    let mut e = Engine::new(cfg.clone(), node());
+    for m in [gov[0], deliveries[0]] {
+        assert!(matches!(e.handle_frame(&m.frame, 0), Outcome::Applied | Outcome::KeyAccepted));
+    }
+    // The first op under the new key before its parent and cut, and they
+    // before theirs: all pending.
+    for m in [data[2], data[0], data[1], gov[2]] {
+        assert_eq!(e.handle_frame(&m.frame, 0), Outcome::NotYet(BufKind::Pending));
+    }
+    commit(&mut e, &mut store);
+    // What they all wait on arrives: one cascade applies its parent and
+    // the rotation, each waking it (twice woken); the new key has not come:
+    // a key wait.
+    assert_eq!(e.handle_frame(&gov[1].frame, 0), Outcome::Applied);
+    assert_eq!(e.op_state(&data[1].id), OpState::Applied);
+    assert_eq!(e.op_state(&gov[2].id), OpState::Applied);
+    assert_eq!(e.op_state(&data[2].id), OpState::Buffered(BufKind::DataKeyWait));
+    commit(&mut e, &mut store);
+    let in_store = |s: &MemStore, cf: Cf| s.table(cf).is_some_and(|t| t.contains_key(data[2].id.as_slice()));
+    assert!(in_store(&store, Cf::Pending) && in_store(&store, Cf::Ops), "its records are kept through the wait");
+    let before_key = store.clone();
+
+    // A crash within the wait: the restart has it, waiting again.
+    let mut r = Engine::restore(cfg.clone(), node(), &store, None, 0).expect("the tables read back");
+    commit(&mut r, &mut store);
+    assert_eq!(r.op_state(&data[2].id), OpState::Buffered(BufKind::DataKeyWait));
+    assert_eq!(r.handle_frame(&deliveries[1].frame, 0), Outcome::KeyAccepted);
+    assert_eq!(r.op_state(&data[2].id), OpState::Applied);
+    commit(&mut r, &mut store);
+    assert!(!in_store(&store, Cf::Pending) && in_store(&store, Cf::Ops), "applied: the pending record goes, the encoding stays");
+    let mut again = Engine::restore(cfg.clone(), node(), &store, None, 0).expect("the tables read back");
+    assert_eq!(again.op_state(&data[2].id), OpState::Applied);
+    assert!(again.take_commit().expect("no cold index").events.is_empty(), "applied once");
+
+    // No key before the deadline: dropped for now, its records with it.
+    let mut store = before_key;
+    let mut t = Engine::restore(cfg.clone(), node(), &store, None, 0).expect("the tables read back");
+    t.handle_tick(cfg.data_key_wait_ms + 1);
+    assert_eq!(t.op_state(&data[2].id), OpState::Unknown);
+    commit(&mut t, &mut store);
+    assert!(!in_store(&store, Cf::Pending) && !in_store(&store, Cf::Ops), "nothing of it left");
+    let mut again = Engine::restore(cfg, node(), &store, None, 0).expect("the tables read back");
+    assert_eq!(again.op_state(&data[2].id), OpState::Unknown);
+    assert_eq!(again.handle_frame(&data[2].frame, 0), Outcome::NotYet(BufKind::DataKeyWait), "a later copy is judged afresh");
+}

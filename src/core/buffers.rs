@@ -24,7 +24,9 @@ pub(crate) struct Buffered {
     pub(crate) kind: BufKind,
     /// Pending, with its encoding in the ops table (`Cf::Ops`) since it was
     /// buffered: applying it writes nothing more of it. False for a pending
-    /// record of the older layout (its encoding in the record itself).
+    /// record of the older layout (its encoding in the record itself). A
+    /// data key wait woken from such a pending wait keeps both records
+    /// (`Engine::evaluate`), and this.
     pub(crate) in_ops: bool,
     pub(crate) seq: u64,
     /// Pending: the ids it is registered under in `waiters`.

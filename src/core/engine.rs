@@ -483,6 +483,8 @@ impl Engine {
             if let Some(b) = self.take_buffered(&id) {
                 self.forget(&id);
                 self.buffers.unregister(&id, &b);
+                // The records a woken pending op kept go too.
+                self.forget_prior(&id, Some(&b), false);
                 self.stats.key_timeouts += 1;
             }
         }
@@ -614,7 +616,7 @@ impl Engine {
         match self.judge(&op, scope, pre.as_mut()) {
             Judgement::Apply(payload) => {
                 self.forget_prior(&id, prior.as_deref(), true);
-                let stored = prior.is_some_and(|b| b.kind == BufKind::Pending && b.in_ops);
+                let stored = prior.is_some_and(|b| b.in_ops);
                 self.apply(op, bytes, id, scope, payload, stored);
                 Outcome::Applied
             }
@@ -640,31 +642,42 @@ impl Engine {
                         for m in &missing {
                             self.note_waited(m);
                         }
-                        self.buffer(op, bytes, id, scope, BufKind::Pending, missing, pre, now_ms);
+                        self.buffer(op, bytes, id, scope, BufKind::Pending, missing, pre, now_ms, false);
                     }
                 }
                 Outcome::NotYet(BufKind::Pending)
             }
             Judgement::KeyWait => {
-                self.forget_prior(&id, prior.as_deref(), false);
                 let kind = if op.plane == PLANE_GOVERNANCE { BufKind::KeyWait } else { BufKind::DataKeyWait };
-                self.buffer(op, bytes, id, scope, kind, Vec::new(), None, now_ms);
+                // A pending op woken into a data key wait keeps its pending
+                // record and its encoding: it was durable, and a crash
+                // within the wait must not lose it (a restart re-judges it).
+                // Its wait is still in memory; at its deadline both go. So
+                // does one woken again while it waits (two of its missing
+                // dependencies applied in one cascade wake it twice).
+                let kept = kind == BufKind::DataKeyWait && prior.as_deref().is_some_and(|b| b.in_ops);
+                if !kept {
+                    self.forget_prior(&id, prior.as_deref(), false);
+                }
+                self.buffer(op, bytes, id, scope, kind, Vec::new(), None, now_ms, kept);
                 Outcome::NotYet(kind)
             }
         }
     }
 
     /// Deletes the durable record of a buffered op leaving its buffer, and
-    /// a pending op's encoding in the ops table unless it is `applied`.
+    /// a pending op's encoding in the ops table unless it is `applied`. A
+    /// data key wait has none, unless it kept those of its pending wait.
     fn forget_prior(&mut self, id: &Hash, prior: Option<&Buffered>, applied: bool) {
         let Some(b) = prior else { return };
         let cf = match b.kind {
             BufKind::Pending => Cf::Pending,
             BufKind::KeyWait => Cf::KeyWaits,
+            BufKind::DataKeyWait if b.in_ops => Cf::Pending,
             BufKind::DataKeyWait => return,
         };
         self.forget_record(cf, id);
-        if b.kind == BufKind::Pending && b.in_ops && !applied {
+        if b.in_ops && !applied {
             if self.forget_record(Cf::Ops, id) && self.cold.is_some() {
                 self.ops_deleted.insert(*id, self.commit_number);
             }
@@ -705,6 +718,7 @@ impl Engine {
         missing: Vec<Hash>,
         pre: Option<Prepared>,
         now_ms: u64,
+        kept: bool,
     ) {
         let seq = self.next_seq();
         match kind {
@@ -723,7 +737,7 @@ impl Engine {
             BufKind::KeyWait => self.stats.buffered_key_wait += 1,
             BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
         }
-        let in_ops = kind == BufKind::Pending;
+        let in_ops = kind == BufKind::Pending || kept;
         let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms, since_ms: now_ms, pre });
         self.buffers.register(id, &b);
         self.put_buffered(id, b, true);

@@ -144,10 +144,19 @@ impl Engine {
     /// Cost: the ids waited on that were unknown when first waited on (kept
     /// in `maybe_wanted` and pruned here), not every id waited on: in a long
     /// reversed chain nearly all of those are known, buffered themselves.
+    /// The smallest ids first: the set's iteration order is seeded per
+    /// process, and no output may depend on it (a seed of the simulation
+    /// replays the same in any process).
     pub fn wanted(&mut self, max: usize) -> Vec<Hash> {
         let (ops, buffers) = (&self.ops, &self.buffers);
         self.maybe_wanted.retain(|id| !ops.contains_key(id) && buffers.is_waited_on(id));
-        self.maybe_wanted.iter().take(max).copied().collect()
+        let mut wanted: Vec<Hash> = self.maybe_wanted.iter().copied().collect();
+        if wanted.len() > max {
+            wanted.select_nth_unstable(max);
+            wanted.truncate(max);
+        }
+        wanted.sort_unstable();
+        wanted
     }
 
     pub fn buffered_total(&self) -> (u64, u64) {

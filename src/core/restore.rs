@@ -221,7 +221,9 @@ impl Engine {
         // The records were read in id order: age order is by seq.
         e.buffers.sort_age_orders();
         // Ops whose dependency is a remembered drop go on to be dropped.
-        let doomed: Vec<Hash> = e.buffers.waited_on().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
+        let mut doomed: Vec<Hash> = e.buffers.waited_on().filter(|d| matches!(e.ops.get(*d), Some(Entry::Dropped { .. }))).copied().collect();
+        // In id order, not the map's (seeded per process).
+        doomed.sort_unstable();
         for d in doomed {
             if let Some(ws) = e.buffers.take_waiters(&d) {
                 e.work.extend(ws);

@@ -7,8 +7,11 @@
 //! causal order stays causal at the peer; a sync is a bidirectional stream
 //! per request, at most one in flight per peer, at most every
 //! `SYNC_INTERVAL_MS`, so a missing-parent storm cannot flood a peer.
+//!
+//! What to send and when is decided by `peering` (sans-IO, and run by the
+//! seeded simulator too): this file dials, holds the streams and timers,
+//! and moves bytes.
 
-use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,23 +26,12 @@ use crate::protocol::{Hash, ZERO};
 /// Applied ops queued for gossip per node before new ones are dropped (the
 /// heartbeat and sync repair what gossip drops): ~2.5 MB of 300-byte ops.
 pub const GOSSIP_QUEUE_OPS: usize = 8192;
-/// Minimum time between two sync requests to one peer.
-pub const SYNC_INTERVAL_MS: u64 = 200;
+pub use crate::peering::{HEARTBEAT_PAGES_PER_BEAT_MAX, KEYS_ASK_INTERVAL_MS, LACKING_NOTES_MAX, SYNC_INTERVAL_MS};
 /// A sync exchange that takes longer is abandoned.
 pub const SYNC_TIMEOUT_MS: u64 = 10_000;
 /// Redial backoff bounds.
 pub const REDIAL_MS_MIN: u64 = 100;
 pub const REDIAL_MS_MAX: u64 = 5_000;
-pub use crate::limits::LACKING_NOTES_MAX;
-/// While any op waits for a key, how often each peer is asked again for
-/// the deliveries it made to this node (`KeysRequest`); it is asked once on
-/// every connection too.
-pub const KEYS_ASK_INTERVAL_MS: u64 = 10_000;
-/// Heartbeat frames (of `HEARTBEAT_SCOPES_MAX` scopes each) sent to a peer
-/// per beat at most: the scopes it may see are sent in pages, each beat
-/// going on where the last stopped, so every scope is repaired however
-/// many there are (10,000 scopes: a round every ~10 beats, ~16 KB a page).
-pub const HEARTBEAT_PAGES_PER_BEAT_MAX: usize = 8;
 
 pub struct Gossip {
     /// `Message::Op` or `Message::Key` (a key delivery this node made).
@@ -70,7 +62,7 @@ pub async fn run_peers(
         frame.push(g.tag);
         frame.extend_from_slice(&g.bytes);
         for (i, q) in queues.iter().enumerate() {
-            if g.origin == i as u64 + 1 {
+            if !crate::peering::gossip_to(g.origin, i as u64 + 1) {
                 continue;
             }
             if q.try_send((g.scope, frame.clone())).is_err() {
@@ -84,37 +76,13 @@ pub async fn run_peers(
 
 /// One beat's heartbeat frames to a peer that proved `peer_key`: the
 /// scopes it may see (SPEC §10: all for a peer configured by key, else
-/// those it is a member of), in pages of `HEARTBEAT_SCOPES_MAX`, at most
-/// `HEARTBEAT_PAGES_PER_BEAT_MAX` of them, starting after `cursor` (the
-/// last scope the previous beat sent) and wrapping around.
+/// those it is a member of), paged by `peering::heartbeat_pages`.
 fn heartbeat_frames(shared: &NodeShared, peer_key: Option<&crate::protocol::PublicKey>, cursor: &mut Option<Hash>) -> Vec<Vec<u8>> {
     let Some(key) = peer_key else { return Vec::new() };
     let everything = shared.peer_keys.contains(key);
     let st = shared.pipeline.status.read().unwrap();
-    // After the cursor to the end, then from the start up to it (the
-    // second part is empty when there is no cursor).
-    let (from, upto) = match *cursor {
-        Some(c) => (Bound::Excluded(c), Bound::Included(c)),
-        None => (Bound::Unbounded, Bound::Excluded(ZERO)),
-    };
-    let after = st.range::<Hash, _>((from, Bound::Unbounded)).chain(st.range::<Hash, _>((Bound::Unbounded, upto)));
-    let mut visible = after.map(|(_, s)| s).filter(|s| everything || s.is_member(key)).peekable();
-    let mut frames = Vec::new();
-    while frames.len() < HEARTBEAT_PAGES_PER_BEAT_MAX && visible.peek().is_some() {
-        let scopes: Vec<ScopeBeat> = visible
-            .by_ref()
-            .take(HEARTBEAT_SCOPES_MAX)
-            .map(|s| ScopeBeat {
-                scope: s.scope,
-                root: s.root,
-                governance_heads: s.governance_heads.iter().take(HEARTBEAT_HEADS_MAX).copied().collect(),
-                data_heads: s.data_heads.iter().take(HEARTBEAT_HEADS_MAX).copied().collect(),
-            })
-            .collect();
-        *cursor = scopes.last().map(|b| b.scope);
-        frames.push(NodeMessage::Heartbeat(Heartbeat { scopes }).encode());
-    }
-    frames
+    let pages = crate::peering::heartbeat_pages(&st, |s| everything || s.is_member(key), cursor);
+    pages.into_iter().map(|hb| NodeMessage::Heartbeat(hb).encode()).collect()
 }
 
 async fn peer_task(
@@ -156,13 +124,12 @@ async fn serve_link(
     let mut send = link.open_uni().await?;
     let peer_key = link.peer_key();
     let mut cursor = None;
-    let mut beat = tokio::time::interval(Duration::from_millis(shared.cfg.heartbeat_ms));
-    let mut sync = tokio::time::interval(Duration::from_millis(SYNC_INTERVAL_MS));
-    sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Fires at once: the first ask is on connection.
-    let mut keys = tokio::time::interval(Duration::from_millis(KEYS_ASK_INTERVAL_MS));
-    let mut asked = false;
+    // The link's timers, in ms since it came up: all due at once (the
+    // first heartbeat and key ask are on connection).
+    let start = tokio::time::Instant::now();
+    let mut timers = crate::peering::LinkTimers::new(0, shared.cfg.heartbeat_ms.max(1));
     loop {
+        let wake = start + Duration::from_millis(timers.next_deadline_ms());
         tokio::select! {
             frame = queue.recv() => {
                 let Some((scope, frame)) = frame else { return Ok(()) };
@@ -172,24 +139,25 @@ async fn serve_link(
                     send.write(&frame).await?;
                 }
             }
-            _ = beat.tick() => {
-                for frame in heartbeat_frames(shared, peer_key.as_ref(), &mut cursor) {
-                    send.write(&frame).await?;
-                }
-            }
-            _ = sync.tick() => {
-                for req in sync_requests(origin, shared) {
-                    let fut = sync_once(origin, link, req, shared);
-                    match tokio::time::timeout(Duration::from_millis(SYNC_TIMEOUT_MS), fut).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => return Err(e),
-                        Err(_) => metrics::counter!("dagfold_sync_timeouts_total").increment(1),
+            _ = tokio::time::sleep_until(wake) => {
+                let now_ms = start.elapsed().as_millis() as u64;
+                let due = timers.poll(now_ms, || waiting_for_keys(shared));
+                if due.beat {
+                    for frame in heartbeat_frames(shared, peer_key.as_ref(), &mut cursor) {
+                        send.write(&frame).await?;
                     }
                 }
-            }
-            _ = keys.tick() => {
-                if !asked || waiting_for_keys(shared) {
-                    asked = true;
+                if due.sync {
+                    for req in sync_requests(origin, shared) {
+                        let fut = sync_once(origin, link, req, shared);
+                        match tokio::time::timeout(Duration::from_millis(SYNC_TIMEOUT_MS), fut).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => return Err(e),
+                            Err(_) => metrics::counter!("dagfold_sync_timeouts_total").increment(1),
+                        }
+                    }
+                }
+                if due.keys {
                     let fut = ask_keys(link, shared);
                     match tokio::time::timeout(Duration::from_millis(SYNC_TIMEOUT_MS), fut).await {
                         Ok(Ok(())) => {}
@@ -234,39 +202,22 @@ async fn ask_keys(link: &Link, shared: &Arc<NodeShared>) -> Result<(), Box<dyn s
     }
 }
 
-/// What to ask the configured peer `origin` for now: heads its heartbeat
-/// showed we lack, then the ids our buffered ops wait for.
+/// What to ask the configured peer `origin` for now
+/// (`peering::sync_requests`): heads its heartbeat showed we lack, then the
+/// ids our buffered ops wait for.
 fn sync_requests(origin: u64, shared: &NodeShared) -> Vec<SyncRequest> {
-    let mut out = Vec::new();
+    let lacking = {
+        let mut notes = shared.pipeline.lacking.lock().unwrap();
+        let taken = notes.take_for(origin);
+        metrics::gauge!("dagfold_lacking_notes").set(notes.len() as f64);
+        taken
+    };
     let ours = |scope: &Hash| -> Vec<Hash> {
         let st = shared.pipeline.status.read().unwrap();
-        st.get(scope)
-            .map(|s| s.governance_heads.iter().chain(&s.data_heads).take(SYNC_IDS_MAX).copied().collect())
-            .unwrap_or_default()
+        st.get(scope).map(|s| s.governance_heads.iter().chain(&s.data_heads).copied().collect()).unwrap_or_default()
     };
-    {
-        let mut lacking = shared.pipeline.lacking.lock().unwrap();
-        let mut i = 0;
-        while i < lacking.len() {
-            if lacking[i].0 == origin {
-                let (_, scope, want) = lacking.remove(i);
-                if !out.iter().any(|r: &SyncRequest| r.scope == scope) {
-                    let mut want = want;
-                    want.truncate(SYNC_IDS_MAX);
-                    out.push(SyncRequest { scope, want, have: ours(&scope), max_ops: SYNC_OPS_MAX });
-                }
-            } else {
-                i += 1;
-            }
-        }
-        metrics::gauge!("dagfold_lacking_notes").set(lacking.len() as f64);
-    }
     let wanted = shared.pipeline.wanted.lock().unwrap().clone();
-    if !wanted.is_empty() {
-        // Missing parents: ask for them and a few ancestors each round.
-        out.push(SyncRequest { scope: ZERO, want: wanted, have: Vec::new(), max_ops: 512 });
-    }
-    out
+    crate::peering::sync_requests(lacking, ours, wanted)
 }
 
 async fn sync_once(

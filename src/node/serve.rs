@@ -2,7 +2,7 @@
 //! to the pipeline, node messages to their handlers), who may see what, the
 //! sync server and event subscriptions.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
@@ -11,26 +11,21 @@ use super::feed::Feed;
 use super::{Incoming, NodeShared};
 use crate::core::{Cf, Decoded};
 use crate::net::{Inbound, IngestClosed, ItemSink, Reply};
-use crate::limits::SYNC_REPLY_BYTES_MAX;
 use crate::pipeline::Work;
-use crate::protocol::codec::decode_op;
 use crate::protocol::node::*;
-use crate::protocol::{Hash, PublicKey, PLANE_DATA};
+use crate::protocol::{Hash, PublicKey};
 
 /// Whether a client that proved `key` may be served what reveals `scope`
 /// (its events, sync, heartbeats; SPEC §10): a member (any role) in `G` at
 /// the node's current governance heads, or a peer configured by key. The
 /// error is the reason of the refusal, as counted.
+/// The decision is `peering::may_see`'s.
 pub fn may_see(shared: &NodeShared, key: Option<&PublicKey>, scope: &Hash) -> Result<(), &'static str> {
-    let Some(key) = key else { return Err("anonymous") };
-    if shared.peer_keys.contains(key) {
-        return Ok(());
-    }
-    match shared.pipeline.status.read().unwrap().get(scope) {
-        Some(s) if s.is_member(key) => Ok(()),
-        Some(_) => Err("not_a_member"),
-        None => Err("unknown_scope"),
-    }
+    crate::peering::may_see(
+        key,
+        |k| shared.peer_keys.contains(k),
+        |k| shared.pipeline.status.read().unwrap().get(scope).map(|s| s.is_member(k)),
+    )
 }
 
 /// Refuses a request on its stream (`ERR_UNAUTHORIZED`), counted by what was
@@ -128,13 +123,13 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
                 // let anyone have the node note heads to ask for, and
                 // learn which scopes it holds.
                 let origin = origin_of(shared, &inb.remote, inb.peer_key.as_ref());
-                for s in hb.scopes {
-                    if let Err(reason) = may_see(shared, inb.peer_key.as_ref(), &s.scope) {
-                        metrics::counter!("dagfold_requests_refused_total", "request" => "heartbeat", "reason" => reason).increment(1);
-                        continue;
-                    }
-                    let heads: Vec<Hash> = s.governance_heads.iter().chain(&s.data_heads).copied().collect();
-                    let w = Work::Heads { peer: inb.remote, origin, scope: s.scope, heads, root: s.root };
+                let heard = crate::peering::heard_scopes(
+                    hb,
+                    |scope| may_see(shared, inb.peer_key.as_ref(), scope),
+                    |reason| metrics::counter!("dagfold_requests_refused_total", "request" => "heartbeat", "reason" => reason).increment(1),
+                );
+                for s in heard {
+                    let w = Work::Heads { peer: inb.remote, origin, scope: s.scope, heads: s.heads, root: s.root };
                     shared.ingest.send(w).await.map_err(|_| IngestClosed)?;
                 }
             }
@@ -161,62 +156,13 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
     }
 }
 
-/// Walks back from `want` through dependencies in the store, stopping at
-/// `have` and at unknown ids, collecting at most `max` ops and (past the
-/// first) at most `SYNC_REPLY_BYTES_MAX` bytes of them; returns them
-/// ancestors first, so the requester applies them with little buffering.
-/// Only ops of scopes `visible` says the requester may see are collected
-/// or walked through (SPEC §10).
-pub fn collect_sync(
-    reader: &crate::store::rocks::StoreReader,
-    want: &[Hash],
-    have: &[Hash],
-    max: usize,
-    visible: &dyn Fn(&Hash) -> bool,
-) -> Vec<Vec<u8>> {
-    let have: HashSet<Hash> = have.iter().copied().collect();
-    let mut seen: HashSet<Hash> = HashSet::new();
-    let mut work: VecDeque<Hash> = want.iter().copied().collect();
-    let mut out = Vec::new();
-    let mut bytes_out: u64 = 0;
-    while let Some(id) = work.pop_front() {
-        if out.len() >= max {
-            break;
-        }
-        if have.contains(&id) || !seen.insert(id) {
-            continue;
-        }
-        let Ok(Some(bytes)) = reader.get(Cf::Ops, &id) else { continue };
-        if !out.is_empty() && bytes_out + bytes.len() as u64 > SYNC_REPLY_BYTES_MAX {
-            break;
-        }
-        let Ok(op) = decode_op(&bytes) else { continue };
-        // A genesis belongs to the scope it names (SPEC §2).
-        let scope = if op.scope == crate::protocol::ZERO { id } else { op.scope };
-        if !visible(&scope) {
-            continue;
-        }
-        work.extend(op.parents.iter().copied());
-        if op.plane == PLANE_DATA {
-            work.extend(op.cut.iter().copied());
-        }
-        bytes_out += bytes.len() as u64;
-        out.push(bytes);
-    }
-    out.reverse();
-    out
-}
-
 async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, conn_id: u64, peer_key: Option<PublicKey>, reply: Reply) {
     // A request names its scope, or ZERO for ids of any scope (missing
     // parents): then each op is served only if its scope may be seen.
-    if req.scope != crate::protocol::ZERO {
-        if let Err(reason) = may_see(&shared, peer_key.as_ref(), &req.scope) {
-            return refuse(&reply, "sync", reason).await;
-        }
-    } else if peer_key.is_none() {
-        return refuse(&reply, "sync", "anonymous").await;
-    }
+    let max = match crate::peering::sync_served(&req, peer_key.as_ref(), |scope| may_see(&shared, peer_key.as_ref(), scope)) {
+        Ok(max) => max,
+        Err(reason) => return refuse(&reply, "sync", reason).await,
+    };
     // One request of a connection served at a time; a requester that went
     // away while waiting for its turn or a permit gets no work.
     let claim = SyncClaim::new(conn_id);
@@ -230,11 +176,11 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, conn_id: u64, pee
     };
     let Ok(permit) = permit else { return };
     metrics::counter!("dagfold_sync_requests_served_total").increment(1);
-    let max = req.max_ops.min(SYNC_OPS_MAX) as usize;
     let reader = shared.reader.clone();
     let sh = shared.clone();
     let visible = move |scope: &Hash| may_see(&sh, peer_key.as_ref(), scope).is_ok();
-    let ops = match tokio::task::spawn_blocking(move || collect_sync(&reader, &req.want, &req.have, max, &visible)).await {
+    let get = move |id: &Hash| reader.get(Cf::Ops, id).ok().flatten();
+    let ops = match tokio::task::spawn_blocking(move || crate::peering::collect_sync(get, &req.want, &req.have, max, &visible)).await {
         Ok(ops) => ops,
         Err(_) => return,
     };

@@ -280,7 +280,7 @@ pub struct PipelineState {
     pub wanted: Mutex<Vec<Hash>>,
     /// Heads of peers that we lack, per scope, by the configured peer whose
     /// heartbeat named them (`Work::Heads`'s origin): its link asks for them.
-    pub lacking: Mutex<Vec<(u64, Hash, Vec<Hash>)>>,
+    pub lacking: Mutex<crate::peering::LackingNotes<u64>>,
     pub divergences_heartbeat: AtomicU64,
     /// One past the number of the last commit written (0: none yet).
     pub durable_commits: AtomicU64,
@@ -382,7 +382,7 @@ impl Pipeline {
             buffered_ops: AtomicU64::new(0),
             buffered_bytes: AtomicU64::new(0),
             wanted: Mutex::new(Vec::new()),
-            lacking: Mutex::new(Vec::new()),
+            lacking: Mutex::new(Default::default()),
             divergences_heartbeat: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
             durable: tokio::sync::watch::Sender::new(0),

@@ -331,13 +331,10 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
             outcome
         }
         Work::Heads { peer, origin, scope, heads, root } => {
-            let lacking: Vec<Hash> =
-                heads.iter().filter(|h| engine.op_state(h) == crate::core::OpState::Unknown).copied().collect();
+            let lacking = crate::peering::lacking_heads(&heads, |h| engine.op_state(h));
             if !lacking.is_empty() {
                 let mut notes = shared.lacking.lock().unwrap();
-                notes.push((origin, scope, lacking));
-                let excess = notes.len().saturating_sub(crate::limits::LACKING_NOTES_MAX);
-                notes.drain(..excess);
+                notes.note(origin, scope, lacking);
                 gauge!("dagfold_lacking_notes").set(notes.len() as f64);
             } else if let Some(st) = engine.status(&scope) {
                 let mut theirs = heads.clone();

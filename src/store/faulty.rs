@@ -29,6 +29,13 @@ impl Countdown {
         Arc::new(Countdown { fail_at: AtomicU64::new(fail_at.unwrap_or(0)), done: AtomicU64::new(0) })
     }
 
+    /// Fails no operation from now on (one already failed stays failed).
+    pub fn disarm(&self) {
+        if !self.landed() {
+            self.fail_at.store(0, Ordering::SeqCst);
+        }
+    }
+
     /// Fails the next operation.
     pub fn fail_next(&self) {
         self.fail_at.store(self.done() + 1, Ordering::SeqCst);
@@ -99,9 +106,6 @@ impl ColdOps for FaultyStore {
     }
 
     fn scan(&self, f: &mut dyn FnMut(&Hash, &[u8])) -> Result<(), ColdReadFailed> {
-        if self.countdown.fails() {
-            return Err(ColdReadFailed("injected read failure".into()));
-        }
         let store = self.durable.lock().unwrap();
         for (k, v) in store.table(Cf::Ops).into_iter().flatten() {
             f(&k.as_slice().try_into().expect("op ids are 32 bytes"), v)

@@ -131,7 +131,9 @@ fn check_inner(dir: &Path, scope: Option<Hash>, fresh_fold: bool) -> StoreReport
         };
         if op.dependencies().all(|d| ops.contains_key(d)) {
             // A cascade committed in parts: the rest of it was still to be
-            // judged at the kill; reopening judges it (checked below).
+            // judged at the kill; or a pending op woken into a data key
+            // wait, its records kept through the wait. Reopening judges it
+            // (checked below).
             ready_pending += 1;
         }
         if let Some(d) = op.dependencies().find(|d| dropped.contains(*d)) {

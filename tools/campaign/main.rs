@@ -17,6 +17,8 @@
 //!   campaign, cut and healed (asymmetric cuts too) under a seeded schedule
 //!   while 1,000 scopes of ops arrive spread over the nodes; after the last
 //!   heal every node must hold every scope at the same root and heads.
+//! - `sim`: the seeded multi-node simulation (`dagfold::sim`) over many
+//!   seeds, in this process (no binaries, no network).
 //!
 //! Each prints one JSON report on stdout (progress on stderr) and exits 0
 //! only if every check passed. The node and the load generator are the
@@ -31,6 +33,7 @@ mod flood;
 mod partition;
 mod powercut;
 mod proc;
+mod sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,10 +75,21 @@ enum Cmd {
     /// Links between five nodes cut and healed through UDP relays (see
     /// partition.rs).
     Partition(partition::PartitionArgs),
+    /// The seeded multi-node simulation over many seeds (see sim.rs).
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::Sim(a) = &cli.command {
+        let report = sim::run(a);
+        println!("{}", serde_json::to_string(&report).unwrap());
+        if report["ok"] == true {
+            return ExitCode::SUCCESS;
+        }
+        eprintln!("dagfold-campaign: FAILED: {} seeds", report["failures"]);
+        return ExitCode::FAILURE;
+    }
     let here = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.to_path_buf())).unwrap_or_default();
     let bins = proc::Bins {
         dagfold: cli.dagfold_bin.unwrap_or_else(|| here.join("dagfold")),
@@ -111,6 +125,7 @@ fn main() -> ExitCode {
         Cmd::Flood(a) => flood::run(a, &bins, &work),
         Cmd::Disk(a) => disk::run(a, &bins, &work),
         Cmd::Partition(a) => partition::run(a, &bins, &work),
+        Cmd::Sim(_) => unreachable!("run above"),
     };
     let code = match result {
         Ok(report) => {
