@@ -165,11 +165,19 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     // The orderer weighs each host's turn in the server's fair ingest.
     let origin_turns = Arc::new(crate::net::fair::OriginTurns::default());
     pipe_cfg.host_outcomes = Some(Arc::new(HostTurns(origin_turns.clone())));
-    // The filter of the ops applied before, read while the node serves.
-    let cold_filter = engine.cold_filter_partial().then(|| (store.cold_reader(), engine.cold_filter_bytes()));
+    // The filter of the ops applied before, read while the node serves; a
+    // damaged table found by it stops the node as at open (`fatal`).
+    let cold_filter = engine.cold_filter_partial().then(|| (store.reader(), engine.cold_filter_bytes()));
     let pipe = Pipeline::start(pipe_cfg, engine, store, ingest_rx, on_durable);
-    if let Some((Some(cold), bytes)) = cold_filter {
-        crate::pipeline::read_cold_filter(pipe.shared.clone(), cold, bytes);
+    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel::<crate::store::StoreError>();
+    if let Some((reader, bytes)) = cold_filter {
+        crate::pipeline::read_cold_filter(pipe.shared.clone(), move || {
+            reader.cold_filter(bytes).map_err(|e| {
+                let failed = crate::core::ColdReadFailed(e.to_string());
+                let _ = fatal_tx.send(e);
+                failed
+            })
+        });
     }
     let shared = Arc::new(NodeShared {
         identity_json: identity_json(&identity).to_string(),
@@ -222,7 +230,10 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         let (api_stop_tx, api_stop_rx) = watch::channel(false);
         let api = tokio::spawn(crate::api::serve(admin_listener, api_state.clone(), api_stop_rx));
         let peer_task = tokio::spawn(peers::run_peers(shared.clone(), dialer, gossip_rx, shutdown_rx.clone()));
-        wait_for_signal().await;
+        let fatal = tokio::select! {
+            _ = wait_for_signal() => None,
+            Some(e) = fatal_rx.recv() => Some(e),
+        };
         // Not ready from the signal on, before anything drains.
         api_state.set_draining();
         eprintln!("dagfold: shutting down: draining the pipeline");
@@ -232,7 +243,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         let _ = api_stop_tx.send(true);
         let _ = tokio::time::timeout(Duration::from_millis(crate::api::API_DRAIN_MS + 500), api).await;
         crate::net::close_endpoint(&endpoint);
-        Ok(())
+        fatal.map_or(Ok(()), |e| Err(e.into()))
     });
     // Dropping the last ingest senders lets the pipeline drain and stop.
     drop(shared);

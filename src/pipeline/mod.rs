@@ -311,13 +311,16 @@ pub struct PipelineState {
 /// its own, for an engine whose cold filter is partial (`Engine::
 /// cold_filter_partial`), and leaves it for the orderer in `shared`: the
 /// node serves meanwhile, looking ids up in the store.
-pub fn read_cold_filter(shared: Arc<PipelineState>, cold: Box<dyn crate::core::ColdOps>, bytes: usize) {
+pub fn read_cold_filter<F>(shared: Arc<PipelineState>, read: F)
+where
+    F: FnOnce() -> Result<crate::core::cold::IdFilter, crate::core::ColdReadFailed> + Send + 'static,
+{
     ::metrics::gauge!("dagfold_cold_filter_partial").set(1.0);
     std::thread::Builder::new()
         .name("dagfold-coldscan".into())
         .spawn(move || {
             let started = Instant::now();
-            let read = crate::core::cold::filter_of_stored_ops(&*cold, bytes);
+            let read = read();
             ::metrics::gauge!("dagfold_cold_filter_read_seconds").set(started.elapsed().as_secs_f64());
             *shared.cold_filter.lock().unwrap() = Some(read);
         })

@@ -130,7 +130,7 @@ impl RocksStore {
     /// A read handle that other threads may use while this store writes
     /// (RocksDB reads are safe concurrently with writes).
     pub fn reader(&self) -> StoreReader {
-        StoreReader { db: self.db.clone() }
+        StoreReader { db: self.db.clone(), path: self.path.clone() }
     }
 
     pub fn flush(&self) -> Result<(), StoreError> {
@@ -350,8 +350,9 @@ impl crate::core::ColdOps for StoreReader {
     }
 
     fn scan(&self, f: &mut dyn FnMut(&crate::protocol::Hash, &[u8])) -> Result<(), crate::core::ColdReadFailed> {
+        // A damaged block: `StoreError::Corrupt`'s message, with what to do.
         scan_table(&self.db, Cf::Ops, &mut |k, v| f(k.try_into().expect("op ids are 32 bytes"), v))
-            .map_err(|e| crate::core::ColdReadFailed(e.to_string()))
+            .map_err(|e| crate::core::ColdReadFailed(corrupt_or(&self.path, e).to_string()))
     }
 }
 
@@ -360,9 +361,20 @@ impl crate::core::ColdOps for StoreReader {
 #[derive(Clone)]
 pub struct StoreReader {
     db: Arc<DB>,
+    path: std::path::PathBuf,
 }
 
 impl StoreReader {
+    /// The cold filter of every op in the ops table (`core::cold::
+    /// filter_of_stored_ops`), a damaged block found on the way being
+    /// `StoreError::Corrupt`, with what to do, as at open.
+    pub fn cold_filter(&self, bytes: usize) -> Result<crate::core::cold::IdFilter, StoreError> {
+        let mut filter = crate::core::cold::IdFilter::new(bytes);
+        scan_table(&self.db, Cf::Ops, &mut |k, _| filter.insert(k.try_into().expect("op ids are 32 bytes")))
+            .map_err(|e| corrupt_or(&self.path, e))?;
+        Ok(filter)
+    }
+
     pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let h = self.db.cf_handle(cf.name()).expect("every column family is opened");
         Ok(self.db.get_cf(h, key)?)
