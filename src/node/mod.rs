@@ -172,10 +172,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel::<crate::store::StoreError>();
     if let Some((reader, bytes)) = cold_filter {
         crate::pipeline::read_cold_filter(pipe.shared.clone(), move || {
-            reader.cold_filter(bytes).map_err(|e| {
-                let failed = crate::core::ColdReadFailed(e.to_string());
-                let _ = fatal_tx.send(e);
-                failed
+            crate::core::cold::filter_of_stored_ops(&reader, bytes).inspect_err(|e| {
+                let _ = fatal_tx.send(e.clone().into());
             })
         });
     }

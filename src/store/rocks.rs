@@ -365,15 +365,6 @@ pub struct StoreReader {
 }
 
 impl StoreReader {
-    /// The cold filter of every op in the ops table (`core::cold::
-    /// filter_of_stored_ops`), a damaged block found on the way being
-    /// `StoreError::Corrupt`, with what to do, as at open.
-    pub fn cold_filter(&self, bytes: usize) -> Result<crate::core::cold::IdFilter, StoreError> {
-        let mut filter = crate::core::cold::IdFilter::new(bytes);
-        scan_table(&self.db, Cf::Ops, &mut |k, _| filter.insert(k.try_into().expect("op ids are 32 bytes")))
-            .map_err(|e| corrupt_or(&self.path, e))?;
-        Ok(filter)
-    }
 
     pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let h = self.db.cf_handle(cf.name()).expect("every column family is opened");
