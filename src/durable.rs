@@ -29,8 +29,7 @@ impl<S: Store> InlineDriver<S> {
         if let Some(cold) = store.cold_reader() {
             // The filter of the applied ops, at once (the node reads it
             // while it serves).
-            let filter = crate::core::cold::filter_of_stored_ops(&*cold, engine.cold_filter_bytes()).map_err(StoreError::from)?;
-            engine.complete_cold_filter(&filter);
+            engine.complete_cold_filter_now(&*cold)?;
         }
         let commit = engine.take_commit()?;
         if !commit.writes.is_empty() {

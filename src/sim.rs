@@ -1131,11 +1131,8 @@ impl Sim {
         engine.note_durable(commit.number);
         // The cold filter of the ops applied before, read after the
         // restore's commit as the node reads it (on its own thread there).
-        if engine.cold_filter_partial() {
-            match crate::core::cold::filter_of_stored_ops(&store, engine.cold_filter_bytes()) {
-                Ok(filter) => engine.complete_cold_filter(&filter),
-                Err(_) => return self.restart_failed(node, &countdown),
-            }
+        if engine.complete_cold_filter_now(&store).is_err() {
+            return self.restart_failed(node, &countdown);
         }
         reports(&mut engine).map_err(|e| format!("node {node} after a restore: {e}"))?;
         if std::env::var("DAGFOLD_SIM_TRACE").is_ok() {

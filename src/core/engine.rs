@@ -221,6 +221,17 @@ impl Engine {
         self.cold_filter_partial = false;
     }
 
+    /// Completes a partial cold filter at once, on the caller's thread,
+    /// from `cold` (`cold::filter_of_stored_ops`): for the drivers that do
+    /// not serve while it is read (`InlineDriver`, the simulation).
+    pub fn complete_cold_filter_now(&mut self, cold: &dyn ColdOps) -> Result<(), ColdReadFailed> {
+        if self.cold_filter_partial {
+            let filter = super::cold::filter_of_stored_ops(cold, self.cfg.cold_filter_bytes)?;
+            self.complete_cold_filter(&filter);
+        }
+        Ok(())
+    }
+
     /// Whether `id` may be an applied op of the cold index.
     fn cold_may_contain(&self, id: &Hash) -> bool {
         self.cold_filter_partial || self.cold_filter.may_contain(id)

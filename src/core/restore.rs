@@ -88,7 +88,8 @@ impl Engine {
                 e.projector.as_mut().expect("a new engine folds").restore_divergences(scope, rec.divergences);
             }
         })?;
-        let mut gov_records: HashMap<Hash, Vec<u8>> = HashMap::new();
+        // In id order: what a restore does never depends on a hash seed.
+        let mut gov_records: std::collections::BTreeMap<Hash, Vec<u8>> = Default::default();
         t.scan(Cf::Governance, &mut |k, v| {
             gov_records.insert(k.try_into().expect("op id is 32 bytes"), v.to_vec());
         })?;
@@ -110,7 +111,7 @@ impl Engine {
             let read = |id: &Hash| -> Result<Vec<u8>, ScanFailed> {
                 cold.get(id).map_err(|f| ScanFailed(f.to_string()))?.ok_or_else(|| ScanFailed(format!("op {} has a record but is not in the ops table", hex::encode(id))))
             };
-            for (id, rec) in gov_records.drain() {
+            for (id, rec) in std::mem::take(&mut gov_records) {
                 let bytes = read(&id)?;
                 e.restore_gov(id, &bytes, &rec);
             }
