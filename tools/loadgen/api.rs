@@ -69,15 +69,16 @@ impl Conn {
     /// A request; the status and the JSON body.
     fn call(&mut self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        // The head and the body in one write: one segment on the wire, so
+        // the server reads the request whole (two writes with nodelay cost
+        // both sides a wake-up more per request).
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             self.addr,
             self.token,
             body.len()
         );
-        let s = self.r.get_mut();
-        s.write_all(head.as_bytes())?;
-        s.write_all(body.as_bytes())?;
+        self.r.get_mut().write_all(request.as_bytes())?;
         let mut line = String::new();
         self.r.read_line(&mut line)?;
         let status: u16 = line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| anyhow!("no HTTP status in {line:?}"))?;
