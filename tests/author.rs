@@ -19,6 +19,9 @@ struct Node {
     /// peers would be sent).
     sent: Arc<Mutex<Vec<Vec<u8>>>>,
     rt: tokio::runtime::Runtime,
+    /// The ingest stays open while the node runs (the API's writes go to
+    /// the orderer directly).
+    _ingest: tokio::sync::mpsc::Sender<dagfold::pipeline::Work>,
     _pipeline: Pipeline,
 }
 
@@ -42,9 +45,9 @@ fn start_on(id: &Identity, store: MemStore) -> Node {
     let cfg = PipelineConfig { tick_ms: 20, ..Default::default() };
     let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id.clone()), store, rx, on_durable);
     let shared = pipeline.shared.clone();
-    let author = Arc::new(Author::new(id.clone(), tx, shared.clone()));
+    let author = Arc::new(Author::new(id.clone(), shared.clone()));
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    Node { author, shared, sent, rt, _pipeline: pipeline }
+    Node { author, shared, sent, rt, _ingest: tx, _pipeline: pipeline }
 }
 
 impl Node {

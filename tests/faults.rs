@@ -231,7 +231,7 @@ fn a_failed_cold_read_stops_the_pipeline() {
     use std::sync::atomic::Ordering;
     use std::time::{Duration, Instant};
     let work_of = |frame: &[u8]| match decode_frame(frame).expect("generated frames decode") {
-        Decoded::Op { id, op, bytes } => Work::Op { id, op, bytes, conn: 1, host: None, authored: None },
+        Decoded::Op { id, op, bytes } => Work::Op { id, op, bytes, conn: 1, host: None },
         Decoded::Key(kd) => Work::Key { kd, host: None },
     };
     let msgs = messages(DATA_OPS);

@@ -11,7 +11,7 @@ use dagfold::workload::{generate, WorkloadConfig};
 
 fn work_of(frame: &[u8]) -> Work {
     match decode_frame(frame).expect("generated frames decode") {
-        Decoded::Op { id, op, bytes } => Work::Op { id, op, bytes, conn: 1, host: None, authored: None },
+        Decoded::Op { id, op, bytes } => Work::Op { id, op, bytes, conn: 1, host: None },
         Decoded::Key(kd) => Work::Key { kd, host: None },
     }
 }
@@ -114,7 +114,7 @@ fn ignored_key_deliveries_lower_their_hosts_useful_share() {
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id), MemStore::new(), rx, Box::new(|_| {}));
     let from = |frame: &[u8], host| match work_of(frame) {
-        Work::Op { id, op, bytes, conn, authored, .. } => Work::Op { id, op, bytes, conn, host: Some(host), authored },
+        Work::Op { id, op, bytes, conn, .. } => Work::Op { id, op, bytes, conn, host: Some(host) },
         Work::Key { kd, .. } => Work::Key { kd, host: Some(host) },
         _ => unreachable!(),
     };

@@ -123,7 +123,7 @@ fn scenarios_through_the_pipeline() {
         let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), node_identity(&scn)), store.clone(), rx, on_durable);
         for m in messages(&scn) {
             let work = match decode_frame(&m) {
-                Ok(Decoded::Op { id, op, bytes }) => Work::Op { id, op, bytes, conn: 1, host: None, authored: None },
+                Ok(Decoded::Op { id, op, bytes }) => Work::Op { id, op, bytes, conn: 1, host: None },
                 Ok(Decoded::Key(kd)) => Work::Key { kd, host: None },
                 Err(_) => Work::Malformed,
             };

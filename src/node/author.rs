@@ -5,8 +5,10 @@
 //! A write asks the orderer for a draft (`pipeline::DraftRequest`: parents,
 //! cut, hlc, key, and for a data op the root with its actions folded),
 //! composes and signs the op here, on the network runtime's threads, sends
-//! it into the ingest queue like a received op, and waits for what the
-//! receive path made of it and for its commit to be durable. An op the path
+//! it to the orderer (`Work::Own`: the stages before it would only find
+//! the node's own signature valid and open the payload it sealed), where
+//! the engine judges it like a received op, and is answered once its commit
+//! is durable. An op the path
 //! drops is answered `Rejected` with the SPEC §6 reason; nothing of it is
 //! kept. Callers run each write in a task of its own (`spawn`), so that a
 //! client that goes away mid-write never leaves a draft out.
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngCore;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{oneshot, Semaphore};
 
 use crate::core::{DraftRefused, Identity, Outcome};
 use crate::limits::OP_PAYLOAD_BYTES_MAX;
@@ -78,15 +80,14 @@ pub struct Written {
 pub struct Author {
     identity: Identity,
     signer: crate::protocol::sig::Signer,
-    ingest: mpsc::Sender<Work>,
     pipeline: Arc<PipelineState>,
     permits: Arc<Semaphore>,
 }
 
 impl Author {
-    pub fn new(identity: Identity, ingest: mpsc::Sender<Work>, pipeline: Arc<PipelineState>) -> Self {
+    pub fn new(identity: Identity, pipeline: Arc<PipelineState>) -> Self {
         let signer = crate::protocol::sig::Signer::new(&identity.seed);
-        Author { identity, signer, ingest, pipeline, permits: Arc::new(Semaphore::new(WRITES_IN_PROGRESS_MAX)) }
+        Author { identity, signer, pipeline, permits: Arc::new(Semaphore::new(WRITES_IN_PROGRESS_MAX)) }
     }
 
     /// Runs a write in a task of its own, bounded by `WRITES_IN_PROGRESS_MAX`
@@ -141,7 +142,7 @@ impl Author {
         let (bytes, id) = self.sign(&mut op);
         // The key first: it is in the keyring before any op can need it.
         let commit = self.deliver(self.to_self(id, &key)).await?;
-        let done = self.submit(id, op, bytes).await?;
+        let done = self.submit(id, op, bytes, None).await?;
         self.durable(commit.max(done.commit)).await?;
         Ok(Written { scope: id, op: id, root: None, first_event_seq: None, key_id: Some(key_id_of(&key)) })
     }
@@ -164,7 +165,7 @@ impl Author {
         let root = d.root.expect("a data draft has its root");
         plain[..32].copy_from_slice(&root);
         let (id, op, bytes) = self.compose(&d, PLANE_DATA, &plain);
-        let done = self.submit(id, op, bytes).await?;
+        let done = self.submit(id, op, bytes, Some(plain)).await?;
         self.durable(done.commit).await?;
         let first_event_seq = has_events.then_some(done.event_seq + 1);
         Ok(Written { scope, op: id, root: Some(root), first_event_seq, key_id: None })
@@ -180,7 +181,7 @@ impl Author {
         }
         let plain = encode(&GovPayload { actions: vec![GovAction::AddMember { member, role, kem }] });
         let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
-        let done = self.submit(id, op, bytes).await?;
+        let done = self.submit(id, op, bytes, Some(plain)).await?;
         let mut last = done.commit;
         for key in &d.draft.keyring {
             last = last.max(self.deliver(self.seal(scope, key, member, &kem)).await?);
@@ -197,7 +198,7 @@ impl Author {
         }
         let plain = encode(&GovPayload { actions: vec![GovAction::SetRole { member, role }] });
         let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
-        let done = self.submit(id, op, bytes).await?;
+        let done = self.submit(id, op, bytes, Some(plain)).await?;
         self.durable(done.commit).await?;
         Ok(Written { scope, op: id, root: None, first_event_seq: None, key_id: None })
     }
@@ -221,8 +222,9 @@ impl Author {
         actions.push(GovAction::RotateKey { key_id: key_id_of(&key) });
         // The key first: ops built on the rotation need it.
         let mut last = self.deliver(self.to_self(scope, &key)).await?;
-        let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &encode(&GovPayload { actions }));
-        let done = self.submit(id, op, bytes).await?;
+        let plain = encode(&GovPayload { actions });
+        let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
+        let done = self.submit(id, op, bytes, Some(plain)).await?;
         last = last.max(done.commit);
         let mut members: Vec<(&PublicKey, &[u8; 32])> = d.draft.governance.kem.iter().collect();
         members.sort_unstable();
@@ -245,10 +247,6 @@ impl Author {
     }
 
     // ----- the steps --------------------------------------------------
-
-    async fn send(&self, w: Work) -> Result<(), WriteError> {
-        self.ingest.send(w).await.map_err(|_| stopped())
-    }
 
     /// A request to the orderer itself (`PipelineState::direct`).
     fn direct(&self, w: Work) -> Result<(), WriteError> {
@@ -328,15 +326,27 @@ impl Author {
         rx.await.map_err(|_| stopped())
     }
 
-    /// Sends an op into the receive path; what it made of it, if applied.
-    async fn submit(&self, id: Hash, op: Op, bytes: Vec<u8>) -> Result<Authored, WriteError> {
+    /// Sends an op to be judged (`plain`: the payload it sealed, none for
+    /// a genesis); what the receive path made of it, once durable if
+    /// applied.
+    async fn submit(&self, id: Hash, op: Op, bytes: Vec<u8>, plain: Option<Vec<u8>>) -> Result<Authored, WriteError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Work::Op { id, op, bytes, conn: 0, host: None, authored: Some(tx) }).await?;
-        let done = rx.await.map_err(|_| stopped())?;
+        self.direct(Work::Own { id, op, bytes, plain, reply: tx })?;
+        // Dropped unanswered: the store refused the commit, or the node
+        // stops.
+        let done = rx.await.map_err(|_| self.unanswered())?;
         match done.outcome {
             Outcome::Applied => Ok(done),
             Outcome::Dropped(reason) => Err(WriteError::Rejected(reason.name().to_string())),
             other => Err(WriteError::Rejected(format!("{other:?}"))),
+        }
+    }
+
+    fn unanswered(&self) -> WriteError {
+        if self.pipeline.refusing.load(std::sync::atomic::Ordering::Relaxed) {
+            WriteError::Unavailable("the store refuses writes until the node restarts".into())
+        } else {
+            stopped()
         }
     }
 

@@ -187,7 +187,7 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
         peers: cfg.peers.clone(),
         peer_keys,
         metrics,
-        author: Arc::new(author::Author::new(identity.clone(), ingest_tx.clone(), pipe.shared.clone())),
+        author: Arc::new(author::Author::new(identity.clone(), pipe.shared.clone())),
         ingest: ingest_tx,
         cfg: cfg.clone(),
     });

@@ -237,7 +237,7 @@ async fn sync_once(
                 received += 1;
                 // A reply to our own request: not weighed (it does not go
                 // through the server's ingest).
-                if shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host: None, authored: None }).await.is_err() {
+                if shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host: None }).await.is_err() {
                     break;
                 }
             }

@@ -109,7 +109,7 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
             Incoming::Core(Decoded::Op { id, op, bytes }) => {
                 let origin = origin_of(shared, &inb.remote, inb.peer_key.as_ref());
                 let host = Some(crate::net::fair::origin_of(inb.remote));
-                shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host, authored: None }).await.map_err(|_| IngestClosed)?;
+                shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host }).await.map_err(|_| IngestClosed)?;
             }
             Incoming::Core(Decoded::Key(kd)) => {
                 shared.ingest.send(Work::Key { kd, host: Some(crate::net::fair::origin_of(inb.remote)) }).await.map_err(|_| IngestClosed)?;

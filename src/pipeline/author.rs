@@ -63,6 +63,9 @@ pub(super) struct Authoring {
     /// Scopes with an authored op judged in the commit being built: their
     /// statuses go with it, so that a read after a write's answer sees it.
     pub(super) judged: std::collections::BTreeSet<Hash>,
+    /// The answers to the authored ops applied in the commit being built,
+    /// sent once it is durable (`PipelineState::answers`).
+    pub(super) answers: Vec<(super::AuthoredReply, super::Authored)>,
 }
 
 impl Authoring {

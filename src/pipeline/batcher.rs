@@ -15,8 +15,6 @@ use crate::core::Prepared;
 const BATCH_LINGER: Duration = Duration::from_micros(1000);
 const BATCH_LINGER_STEP: Duration = Duration::from_micros(200);
 const BATCH_LINGER_UNTIL: usize = 64;
-/// The same, for a batch holding an op the node's API waits on.
-const AUTHORED_LINGER: Duration = Duration::from_micros(400);
 
 pub(super) fn run(mut ingest: tokio::sync::mpsc::Receiver<Work>, out: Sender<Batch>, batch_max: usize) {
     let mut seq = 0u64;
@@ -32,14 +30,10 @@ pub(super) fn run(mut ingest: tokio::sync::mpsc::Receiver<Work>, out: Sender<Bat
             }
             // A small batch lingers a little for more: per signature a
             // batch of 20 costs about twice one of 200, and under a
-            // moderate load that doubled the verifiers' CPU. One with an op
-            // of the node's API in it lingers less (a client waits on it),
-            // but some: writes one by one crossed every stage one by one,
-            // and the thread switches were the largest cost per write
-            // (`tools/bench api_writes`, docs/PERFORMANCE.md).
-            let waited_on = items.iter().any(|i| matches!(i.work, Work::Op { authored: Some(_), .. }));
-            let linger = if waited_on { AUTHORED_LINGER } else { BATCH_LINGER };
-            if items.len() >= BATCH_LINGER_UNTIL.min(batch_max) || received.elapsed() >= linger {
+            // moderate load that doubled the verifiers' CPU. (The node's
+            // own ops, which a client waits on, go to the orderer
+            // directly: `Work::Own`.)
+            if items.len() >= BATCH_LINGER_UNTIL.min(batch_max) || received.elapsed() >= BATCH_LINGER {
                 break;
             }
             std::thread::sleep(BATCH_LINGER_STEP);

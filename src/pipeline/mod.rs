@@ -71,9 +71,20 @@ pub enum Work {
     /// `conn`: the connection it came in on. `host`: the host it came from
     /// over the server (its IPv4 address or IPv6 /64, `net::fair::origin_of`),
     /// whose turn the node weighs by what its ops come to.
-    /// `authored`: an op the node authored for its API (`node::author`),
-    /// judged like any other; its outcome goes back there.
-    Op { id: Hash, op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr>, authored: Option<AuthoredReply> },
+    Op { id: Hash, op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr> },
+    /// An op the node authored for its API (`node::author`), sent to the
+    /// orderer directly (`PipelineState::direct`) and judged by the engine
+    /// like any other. What the stages before the orderer would compute is
+    /// known from its making: its signature is the node's own, made a
+    /// moment ago over this id (as the verifiers' cache takes it), and
+    /// `plain` is the payload it sealed (the decryptor's result; none for a
+    /// genesis, which is not sealed); the
+    /// authorization at its cut the engine computes. Skipping those four
+    /// thread hand-offs and the batcher's linger was ~30% of a write's
+    /// CPU and latency (`tools/bench api_writes`, docs/PERFORMANCE.md).
+    /// `reply` gets the outcome: a drop at once, an applied op once its
+    /// commit is durable (`PipelineState::answers`).
+    Own { id: Hash, op: Op, bytes: Vec<u8>, plain: Option<Vec<u8>>, reply: AuthoredReply },
     /// `host` as for an op: a delivery costs the orderer an X25519 and an
     /// AEAD pass over up to a frame, so it counts in its host's turn too.
     Key { kd: KeyDelivery, host: Option<std::net::IpAddr> },
@@ -105,8 +116,7 @@ pub type AuthoredReply = tokio::sync::oneshot::Sender<Authored>;
 #[derive(Debug)]
 pub struct Authored {
     pub outcome: crate::core::Outcome,
-    /// The commit that holds it: the answer waits until it is durable
-    /// (`PipelineState::durable`).
+    /// The commit that holds it, durable when an applied op is answered.
     pub commit: u64,
     /// The scope's last event sequence number before it was judged: an op
     /// applied with events has the next ones (it is applied before the
@@ -287,10 +297,16 @@ pub struct PipelineState {
     /// The same, for those who wait on it (the answers of the node's API).
     pub durable: tokio::sync::watch::Sender<u64>,
     /// The node's API's requests to the orderer itself (`Work::Draft`,
-    /// `Undraft`, `Follow`, `Deliver`): they carry no signature to verify,
-    /// so they skip the stages before it (and their batching linger). The
-    /// ops the API authors go through the ingest like any other.
+    /// `Undraft`, `Follow`, `Deliver`, `Own`): they carry no signature to
+    /// verify, or the node's own, so they skip the stages before it (and
+    /// their batching linger).
     pub direct: crossbeam_channel::Sender<Work>,
+    /// The answers to the node's own ops applied by commits not yet
+    /// durable, by commit number, in order: the orderer adds each commit's,
+    /// the committer sends them once that commit is written (one wake-up
+    /// per write, where a wait on `durable` woke every waiting write at
+    /// every commit). At most one per write in progress.
+    pub(crate) answers: Mutex<std::collections::VecDeque<(u64, Vec<(AuthoredReply, Authored)>)>>,
     /// The replica of the governance index the authorizer judges with: every
     /// accepted governance op, inserted by the orderer before its commit is
     /// durable, so `G` at any durable status's heads can be computed from
@@ -390,6 +406,7 @@ impl Pipeline {
             durable_commits: AtomicU64::new(0),
             durable: tokio::sync::watch::Sender::new(0),
             direct: direct_tx,
+            answers: Default::default(),
             governance: gov_replica.clone(),
             verified: verified.clone(),
             cold_filter: Mutex::new(None),

@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use metrics::{counter, gauge, histogram};
 
 use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
-use super::policy::OrderPolicy;
+use super::policy::{InFlight, OrderPolicy};
 use super::projector::{HeartbeatCheck, ToProject};
 use super::author::Authoring;
 use super::{gate, Authored, Batch, ConnId, HostOutcomes, Item, PipelineState, Work};
@@ -73,11 +73,12 @@ pub(super) fn run(
     let waited_input = WaitCounter::new("input");
     let mut heartbeats: Vec<HeartbeatCheck> = Vec::new();
     let mut authoring = Authoring::default();
+    let mut in_flight = InFlight::default();
     while open || engine.cascade_remaining() {
         // Group commit: keep folding batches into this commit while the
-        // previous one still waits for the committer (a slot is taken), up
-        // to `commit_ops_max` applied ops (`COMMIT_ITEMS_FACTOR`); hand it
-        // over as soon as none waits.
+        // one before waits for the projector, or two handed over are not
+        // yet durable (`InFlight`), up to `commit_ops_max` applied ops
+        // (`COMMIT_ITEMS_FACTOR`); hand it over as soon as neither holds.
         let mut items_in_commit = 0usize;
         let mut t = Instant::now();
         let cascaded = engine.cascade_remaining();
@@ -131,7 +132,8 @@ pub(super) fn run(
                     break;
                 }
             }
-            if policy.close_commit(items_in_commit, engine.applied_in_commit(), commit_tx.is_empty()) {
+            let slot_free = commit_tx.is_empty() && in_flight.room(shared.durable_commits.load(Ordering::Acquire));
+            if policy.close_commit(items_in_commit, engine.applied_in_commit(), slot_free) {
                 break;
             }
         }
@@ -166,6 +168,8 @@ pub(super) fn run(
                 if shared.refuse("store read", &e) {
                     counter!("dagfold_store_read_failures_total").increment(1);
                 }
+                // Never durable: their writers hear the store refuses.
+                authoring.answers.clear();
                 continue;
             }
         };
@@ -243,6 +247,12 @@ pub(super) fn run(
         let t_send = Instant::now();
         let heartbeats = std::mem::take(&mut heartbeats);
         let roots = std::mem::take(&mut authoring.roots);
+        if !authoring.answers.is_empty() {
+            // Before the commit goes on, so the committer finds them.
+            debug_assert!(authoring.answers.iter().all(|(_, a)| a.commit == commit.number));
+            shared.answers.lock().unwrap().push_back((commit.number, std::mem::take(&mut authoring.answers)));
+        }
+        in_flight.sent(commit.number);
         let to_project = ToProject { commit, statuses, conns: applied_conns, received: last_received, heartbeats, roots };
         if commit_tx.send(to_project).is_err() {
             return;
@@ -310,16 +320,26 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
             note_host(hosts, host, outcome == Outcome::KeyAccepted);
             outcome
         }
-        Work::Op { id, op, bytes, conn, host, authored } => {
+        Work::Own { id, op, bytes, plain, reply } => {
             // A genesis belongs to the scope it names (SPEC §2).
             let scope = if op.scope == crate::protocol::ZERO { id } else { op.scope };
             let plane = op.plane;
             let event_seq = engine.event_seq(&scope);
-            let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
-            if let Some(reply) = authored {
-                let _ = reply.send(Authored { outcome, commit: engine.commit_number(), event_seq });
-                authoring.returned(engine, &scope, plane, now);
+            // Signed by the node's own key over `id` (`Work::Own`); the
+            // payload it sealed is `plain`.
+            let pre = crate::core::Prepared { auth: None, opened: plain.map(Some) };
+            let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre }, true, now);
+            let answer = Authored { outcome, commit: engine.commit_number(), event_seq };
+            if outcome == Outcome::Applied {
+                authoring.answers.push((reply, answer));
+            } else {
+                let _ = reply.send(answer);
             }
+            authoring.returned(engine, &scope, plane, now);
+            outcome
+        }
+        Work::Op { id, op, bytes, conn, host } => {
+            let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
             if conn != 0 {
                 conns.insert(id, conn);
             }

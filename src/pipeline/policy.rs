@@ -15,6 +15,15 @@ use std::time::{Duration, Instant};
 /// to the WAL.
 const COMMIT_ITEMS_FACTOR: usize = 4;
 
+/// Commits handed over and not yet durable, at most, before the orderer
+/// hands over the next: past it, the commit being built keeps growing
+/// while the committer syncs (group commit sized by the store's sync
+/// time). With only the projector's queue as the limit, a trickle of small
+/// commits queued up to five deep before the committer, each write waiting
+/// behind the syncs of all of them (`tools/bench api_writes`,
+/// docs/PERFORMANCE.md).
+const COMMITS_IN_FLIGHT_MAX: usize = 2;
+
 /// How long the orderer waits for input with work in hand (folded items,
 /// or the last part of a cascade just judged): only briefly, so that it is
 /// committed at once when nothing comes.
@@ -27,6 +36,28 @@ const STATUS_INTERVAL: Duration = Duration::from_millis(20);
 
 /// How stale the ids wanted from peers may get (see `refresh_wanted`).
 const WANTED_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The numbers of the commits handed over and not yet durable.
+#[derive(Default)]
+pub(super) struct InFlight {
+    sent: std::collections::VecDeque<u64>,
+}
+
+impl InFlight {
+    /// Commit `number` was handed over.
+    pub(super) fn sent(&mut self, number: u64) {
+        self.sent.push_back(number);
+    }
+
+    /// Whether another may be handed over, every commit below `durable`
+    /// being durable (`PipelineState::durable_commits`).
+    pub(super) fn room(&mut self, durable: u64) -> bool {
+        while self.sent.front().is_some_and(|n| *n < durable) {
+            self.sent.pop_front();
+        }
+        self.sent.len() < COMMITS_IN_FLIGHT_MAX
+    }
+}
 
 pub(super) struct OrderPolicy {
     /// Applied ops per commit at most (`PipelineConfig::commit_ops_max`).
@@ -140,6 +171,26 @@ mod tests {
         let p = policy(Instant::now());
         assert!(!p.close_commit(1, 1, false));
         assert!(p.close_commit(1, 1, true));
+    }
+
+    #[test]
+    fn at_most_two_commits_are_in_flight() {
+        let mut f = InFlight::default();
+        assert!(f.room(0));
+        f.sent(0);
+        assert!(f.room(0));
+        f.sent(1);
+        // Neither durable: the next waits, its commit growing.
+        assert!(!f.room(0));
+        // Commit 0 durable (`durable_commits` is one past it).
+        assert!(f.room(1));
+        f.sent(4);
+        assert!(!f.room(1));
+        // Numbers skipped by empty rounds never block: 4 durable clears 1.
+        assert!(f.room(5) && f.room(5));
+        f.sent(5);
+        f.sent(6);
+        assert!(!f.room(5));
     }
 
     #[test]
