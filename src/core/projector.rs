@@ -13,7 +13,7 @@
 
 use super::commit::{Check, Commit, Fold};
 use super::projection::Projection;
-use super::tables::{item_index_writes, scope_meta_key, Cf, Write};
+use super::tables::{item_cell_write, item_entity_write, scope_meta_key, Cf, Write};
 use crate::protocol::{encode, Action, Hash, PublicKey, ZERO};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -157,11 +157,19 @@ impl Projector {
         let mut touched = std::mem::take(&mut self.touched);
         touched.sort_unstable();
         touched.dedup();
+        // An entity's record once per commit, not once per new cell of it
+        // (the API's writes make a new cell each, in one entity).
+        let mut entities: std::collections::HashSet<String> = std::collections::HashSet::new();
         for scope in &touched {
             let p = self.scopes.get_mut(scope).expect("a touched scope is projected");
+            entities.clear();
             for (path, slot, created) in p.projection.take_changed() {
                 if created {
-                    c.writes.extend(item_index_writes(scope, &slot.entity, &slot.key));
+                    if !entities.contains(&slot.entity) {
+                        entities.insert(slot.entity.clone());
+                        c.writes.push(item_entity_write(scope, &slot.entity));
+                    }
+                    c.writes.push(item_cell_write(scope, &slot.entity, &slot.key));
                 }
                 let key = [scope.as_slice(), path.as_slice()].concat();
                 // borsh of (entity, key, cell), without cloning them.
@@ -203,5 +211,49 @@ mod tests {
         assert_eq!(p.root(&scope), want);
         p.fold(fold(3, vec![put(1), put(2)], None));
         assert_eq!(p.root(&scope), after);
+    }
+
+    /// A commit's new cells index their entity once, and each cell once;
+    /// a later commit's new cell of the entity indexes it again (puts of
+    /// the same key, harmless), a changed cell not at all.
+    #[test]
+    fn a_commit_indexes_each_entity_with_new_cells_once() {
+        let put = |entity: &str, k: u8| Action::Put { entity: entity.into(), key: vec![k], value: vec![k] };
+        let fold = |scope, actions: Vec<Action>| Fold { scope, hlc: 1, author: [1; 32], actions, check: None };
+        let items = |c: &Commit| -> Vec<Vec<u8>> {
+            c.writes.iter().filter_map(|w| if let Write::Put(Cf::Items, k, _) = w { Some(k.clone()) } else { None }).collect()
+        };
+        let (s1, s2) = ([7u8; 32], [8u8; 32]);
+        let mut p = Projector::default();
+        p.fold(fold(s1, vec![put("e", 0), put("e", 1), put("f", 2)]));
+        p.fold(fold(s1, vec![put("e", 3)]));
+        p.fold(fold(s2, vec![put("e", 0)]));
+        let mut c = Commit::default();
+        p.finish_commit(&mut c);
+        let mut got = items(&c);
+        got.sort();
+        let mut want: Vec<Vec<u8>> = vec![
+            item_entity_write(&s1, "e"),
+            item_entity_write(&s1, "f"),
+            item_entity_write(&s2, "e"),
+            item_cell_write(&s1, "e", &[0]),
+            item_cell_write(&s1, "e", &[1]),
+            item_cell_write(&s1, "e", &[3]),
+            item_cell_write(&s1, "f", &[2]),
+            item_cell_write(&s2, "e", &[0]),
+        ]
+        .into_iter()
+        .map(|w| if let Write::Put(_, k, _) = w { k } else { unreachable!() })
+        .collect();
+        want.sort();
+        assert_eq!(got, want);
+        p.fold(fold(s1, vec![put("e", 0), put("e", 4)]));
+        let mut c = Commit::default();
+        p.finish_commit(&mut c);
+        let want: Vec<Vec<u8>> = [item_entity_write(&s1, "e"), item_cell_write(&s1, "e", &[4])]
+            .into_iter()
+            .map(|w| if let Write::Put(_, k, _) = w { k } else { unreachable!() })
+            .collect();
+        assert_eq!(items(&c), want);
     }
 }

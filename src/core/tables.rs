@@ -150,8 +150,15 @@ pub fn items_cells_prefix(scope: &Hash, entity: &str) -> Vec<u8> {
 
 /// The index records of a new cell (`Cf::Items`): its entity's and its own.
 pub(crate) fn item_index_writes(scope: &Hash, entity: &str, key: &[u8]) -> [Write; 2] {
-    [
-        Write::Put(Cf::Items, [items_entities_prefix(scope).as_slice(), entity.as_bytes()].concat(), Vec::new()),
-        Write::Put(Cf::Items, [items_cells_prefix(scope, entity).as_slice(), key].concat(), Vec::new()),
-    ]
+    [item_entity_write(scope, entity), item_cell_write(scope, entity, key)]
+}
+
+/// The index record of an entity with cells (`Cf::Items`).
+pub(crate) fn item_entity_write(scope: &Hash, entity: &str) -> Write {
+    Write::Put(Cf::Items, [items_entities_prefix(scope).as_slice(), entity.as_bytes()].concat(), Vec::new())
+}
+
+/// The index record of a cell (`Cf::Items`).
+pub(crate) fn item_cell_write(scope: &Hash, entity: &str, key: &[u8]) -> Write {
+    Write::Put(Cf::Items, [items_cells_prefix(scope, entity).as_slice(), key].concat(), Vec::new())
 }
