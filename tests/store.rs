@@ -590,3 +590,21 @@ fn a_memtable_cap_flushes_small_tables() {
         }
     }
 }
+
+#[test]
+fn table_bytes_are_counted_per_table_in_memtables_then_files() {
+    use dagfold::core::{Cf, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = RocksStore::open(dir.path()).unwrap();
+    let bytes = |store: &RocksStore, cf: Cf| store.table_bytes().into_iter().find(|(c, ..)| *c == cf).map(|(_, f, m)| (f, m)).unwrap();
+    let (files0, _) = bytes(&store, Cf::Ops);
+    assert_eq!(files0, 0);
+    let writes: Vec<Write> = (0..2000u32).map(|i| Write::Put(Cf::Ops, i.to_be_bytes().to_vec(), vec![i as u8; 300])).collect();
+    store.write(&writes, false).unwrap();
+    let (_, mem) = bytes(&store, Cf::Ops);
+    assert!(mem > 0, "the puts are in the ops table's memtable");
+    store.flush().unwrap();
+    let (files, _) = bytes(&store, Cf::Ops);
+    assert!(files > 10_000, "the ops table's files hold the puts (LZ4-compressed): {files} bytes");
+    assert_eq!(bytes(&store, Cf::Items).0, 0, "another table's are its own");
+}

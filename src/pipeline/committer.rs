@@ -28,6 +28,11 @@ pub(super) type ToCommit = (Commit, Vec<ScopeStatus>, Vec<ConnId>, Instant);
 /// docs/PERFORMANCE.md).
 const COMMITS_PER_WRITE_MAX: usize = 16;
 
+/// How often the committer publishes the store's size per table
+/// (`dagfold_store_table_bytes`): a property read per table, cheap, but
+/// not worth doing per commit.
+const TABLE_BYTES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub(super) fn run<S: Store>(
     mut store: S,
     rx: Receiver<ToCommit>,
@@ -37,7 +42,12 @@ pub(super) fn run<S: Store>(
     mut on_durable: Box<dyn FnMut(Committed) + Send>,
 ) {
     let mut group: Vec<ToCommit> = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
+    let mut sized: Option<Instant> = None;
     while let Ok(first) = rx.recv() {
+        if sized.is_none_or(|t| t.elapsed() >= TABLE_BYTES_INTERVAL) {
+            sized = Some(Instant::now());
+            publish_table_bytes(&store);
+        }
         group.push(first);
         while group.len() < COMMITS_PER_WRITE_MAX {
             match rx.try_recv() {
@@ -67,6 +77,14 @@ pub(super) fn run<S: Store>(
         for c in group.drain(..) {
             published(c, &shared, applied_bytes, &mut on_durable);
         }
+    }
+}
+
+/// The bytes of each table's files and memtables, as gauges.
+fn publish_table_bytes<S: Store>(store: &S) {
+    for (cf, files, memtables) in store.table_bytes() {
+        metrics::gauge!("dagfold_store_table_bytes", "cf" => cf.name(), "in" => "files").set(files as f64);
+        metrics::gauge!("dagfold_store_table_bytes", "cf" => cf.name(), "in" => "memtables").set(memtables as f64);
     }
 }
 

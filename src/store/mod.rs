@@ -99,6 +99,11 @@ pub trait Store: TableScan + Send {
     fn disk_bytes(&self) -> u64 {
         0
     }
+    /// Per table, the bytes of its table files and of its memtables (none
+    /// for the in-memory model).
+    fn table_bytes(&self) -> Vec<(Cf, u64, u64)> {
+        Vec::new()
+    }
     /// A reader of applied ops for the engine's cold index (`core::cold`),
     /// or none: the engine then keeps every applied op in memory.
     fn cold_reader(&self) -> Option<Box<dyn crate::core::ColdOps>> {

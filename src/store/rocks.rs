@@ -336,6 +336,11 @@ impl Store for RocksStore {
         super::dir_bytes(&self.path)
     }
 
+    fn table_bytes(&self) -> Vec<(Cf, u64, u64)> {
+        let prop = |cf: Cf, name: &str| self.db.property_int_value_cf(self.cf(cf), name).ok().flatten().unwrap_or(0);
+        Cf::ALL.iter().map(|cf| (*cf, prop(*cf, "rocksdb.total-sst-files-size"), prop(*cf, "rocksdb.size-all-mem-tables"))).collect()
+    }
+
     fn cold_reader(&self) -> Option<Box<dyn crate::core::ColdOps>> {
         Some(Box::new(self.reader()))
     }
