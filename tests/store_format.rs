@@ -238,12 +238,12 @@ fn store_with_ops(data_ops: usize, flush: bool) -> tempfile::TempDir {
 fn assert_refused_as_corrupt(dir: &Path, what: &str) {
     let (status, stderr) = node_on(dir);
     assert_eq!(status.code(), Some(1), "{what}: {stderr}");
-    assert!(stderr.contains("is corrupt and was not opened"), "{what}: {stderr}");
+    assert!(stderr.contains("is corrupt; dagfold stopped and left its data as it is"), "{what}: {stderr}");
     assert!(stderr.contains("--peer KEY@ADDR") && stderr.contains("Corruption at open"), "{what}: {stderr}");
     assert!(!stderr.contains("panicked"), "{what}: {stderr}");
     let (status, stderr) = dagfold_on(dir, &["inspect"]);
     assert_eq!(status.code(), Some(1), "{what}: {stderr}");
-    assert!(stderr.contains("is corrupt and was not opened") && !stderr.contains("panicked"), "{what}: {stderr}");
+    assert!(stderr.contains("is corrupt; dagfold stopped and left its data as it is") && !stderr.contains("panicked"), "{what}: {stderr}");
 }
 
 /// A damaged record in the middle of the WAL (commits after it were

@@ -54,11 +54,12 @@ pub enum StoreError {
          store, or its meta table is damaged; it was left as it is"
     )]
     FormatUnknown { path: String, what: String },
-    /// RocksDB found the files damaged at open (a WAL record or a table
-    /// block failing its checksum). No data was changed: opening anyway
-    /// could roll back commits the node had acknowledged.
+    /// RocksDB found the files damaged (a WAL record or a table block
+    /// failing its checksum), at open or in the node's first read of the
+    /// ops table while it serves. No data was changed: going on could roll
+    /// back commits the node had acknowledged.
     #[error(
-        "the store at {path} is corrupt and was not opened (its data was left as it is): {detail}. \
+        "the store at {path} is corrupt; dagfold stopped and left its data as it is: {detail}. \
          To resync from a peer: move the directory aside (mv {path} {path}.corrupt) and start the node again with \
          --peer KEY@ADDR (docs/RELIABILITY.md, \"Corruption at open\")"
     )]
