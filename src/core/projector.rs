@@ -10,6 +10,12 @@
 //! take_projector`: the node's pipeline), where it folds commit N while the
 //! orderer judges N+1. Either way each commit is finished by
 //! [`Projector::finish_commit`] before it is written.
+//!
+//! Nothing in it crosses scopes: a scope's projection, its checks, its
+//! divergences and its writes (cells, items, record, all keyed by the
+//! scope) depend on its own folds alone. So the node splits it by scope
+//! into shards (`split`, `shard_of`), one thread each, which fold their
+//! scopes' part of every commit side by side.
 
 use super::commit::{Check, Commit, Fold};
 use super::projection::Projection;
@@ -47,7 +53,32 @@ pub struct Projector {
 /// that matters.
 const CHECKS_OUTSTANDING_MAX: usize = 4096;
 
+/// The shard of `scope` among `shards`: its id's first eight bytes (LE)
+/// modulo the count. Stable (a function of the id alone, the same in every
+/// process and release: a scope's state is moved to its shard once, at
+/// start), and even, ids being hashes.
+pub fn shard_of(scope: &Hash, shards: usize) -> usize {
+    assert!(shards >= 1, "at least one shard");
+    let head = u64::from_le_bytes(scope[..8].try_into().expect("eight bytes"));
+    (head % shards as u64) as usize
+}
+
 impl Projector {
+    /// Splits into `shards` projectors, the `i`-th holding the scopes with
+    /// `shard_of(scope) == i` (the counts of `stats` go to the first). Call
+    /// between commits; each shard then folds only its scopes' folds, in
+    /// their order, and together they give what this one would have.
+    pub fn split(mut self, shards: usize) -> Vec<Projector> {
+        assert!(self.touched.is_empty(), "between commits");
+        self.settle();
+        let mut parts: Vec<Projector> = (0..shards).map(|_| Projector::default()).collect();
+        parts[0].stats = self.stats;
+        for (scope, p) in self.scopes.drain() {
+            parts[shard_of(&scope, shards)].scopes.insert(scope, p);
+        }
+        parts
+    }
+
     /// Folds one applied data op. Its convergence check, if any, is made by
     /// the next `settle` (or whatever reads a root or a count: `root`,
     /// `divergences`, `finish_commit`), with those of the ops after it.
@@ -255,5 +286,78 @@ mod tests {
             .map(|w| if let Write::Put(_, k, _) = w { k } else { unreachable!() })
             .collect();
         assert_eq!(items(&c), want);
+    }
+
+    /// A scope's shard is a function of its id alone: these values are
+    /// what every release computes, so a store's scopes land where they
+    /// did before.
+    #[test]
+    fn shard_of_is_stable() {
+        let mut scope = [0u8; 32];
+        scope[..8].copy_from_slice(&1_000_003u64.to_le_bytes());
+        scope[8..].fill(0xff);
+        assert_eq!([1, 2, 3, 4, 7, 64].map(|n| shard_of(&scope, n)), [0, 1, 1, 3, 4, 3]);
+        let ids: Vec<Hash> = (0u32..4096).map(|i| crate::protocol::crypto::sha256(&i.to_le_bytes())).collect();
+        let mut counts = [0u32; 4];
+        for id in &ids {
+            counts[shard_of(id, 4)] += 1;
+        }
+        assert!(counts.iter().all(|&c| (900..1150).contains(&c)), "even over hashed ids: {counts:?}");
+    }
+
+    /// Folds of many scopes through one projector and through three
+    /// shards of a projector split after the first commit: the same
+    /// writes (as sets: the shards' keys are disjoint), roots and
+    /// divergence counts.
+    #[test]
+    fn shards_fold_as_one_projector() {
+        let scopes: Vec<Hash> = (0u8..12).map(|i| crate::protocol::crypto::sha256(&[i])).collect();
+        let put = |k: u64| Action::Put { entity: "e".into(), key: k.to_le_bytes().to_vec(), value: vec![k as u8] };
+        let commit = |round: u64| {
+            let mut c = Commit::default();
+            for (i, scope) in scopes.iter().enumerate() {
+                let hlc = round * 100 + i as u64;
+                // Every third scope checks a wrong root: a divergence.
+                let check = (round % 2 == 1 && i % 3 == 0).then_some(Check { op: [i as u8; 32], root: [9; 32] });
+                c.folds.push(Fold { scope: *scope, hlc, author: [1; 32], actions: vec![put(hlc % 7), put(hlc)], check });
+                c.records.push((*scope, super::super::tables::ScopeRecord {
+                    genesis_applied: true,
+                    gov_heads: vec![],
+                    data_heads: vec![[round as u8; 32]],
+                    applied: round,
+                    divergences: 0,
+                    event_seq: round,
+                }));
+            }
+            c
+        };
+        let finish = |ps: &mut [Projector], mut c: Commit| {
+            let n = ps.len();
+            for f in std::mem::take(&mut c.folds) {
+                ps[shard_of(&f.scope, n)].fold(f);
+            }
+            let mut writes = Vec::new();
+            for (i, p) in ps.iter_mut().enumerate() {
+                let mut part = Commit { records: c.records.iter().filter(|(s, _)| shard_of(s, n) == i).cloned().collect(), ..Default::default() };
+                p.finish_commit(&mut part);
+                writes.extend(part.writes.into_iter().map(|w| format!("{w:?}")));
+            }
+            writes.sort();
+            writes
+        };
+        let mut one = vec![Projector::default()];
+        let mut first = Projector::default();
+        assert_eq!(finish(std::slice::from_mut(&mut first), commit(0)), finish(&mut one, commit(0)));
+        let mut three = first.split(3);
+        assert!(three.iter().all(|p| !p.scopes.is_empty()), "twelve scopes over three shards");
+        for round in 1..6 {
+            assert_eq!(finish(&mut three, commit(round)), finish(&mut one, commit(round)), "round {round}");
+        }
+        for scope in &scopes {
+            let s = &mut three[shard_of(scope, 3)];
+            assert_eq!((s.root(scope), s.divergences(scope)), (one[0].root(scope), one[0].divergences(scope)));
+        }
+        let divergences: u64 = three.iter().map(|p| p.stats.divergences).sum();
+        assert_eq!((divergences, one[0].stats.divergences), (12, 12));
     }
 }
