@@ -63,6 +63,14 @@ pub const GOV_CUT_CACHE_MAX: usize = 256;
 /// exceed 64 × the buffered-op bound. Guards against a logic error looping.
 pub const CASCADE_STEPS_MAX: u64 = 64 * BUFFERED_OPS_TOTAL_MAX + 1_000_000;
 
+/// Projector shards at most (`--projector-shards`): a thread each, and
+/// every commit is handed to each shard in a part, even an empty one, and
+/// joined part by part (`pipeline::shards`): ~1–2 µs of channel work per
+/// part, so at 256 parts a commit pays ~0.5 ms, under the WAL sync and
+/// write it waits for anyway. A shard per four cores (the default) is 64
+/// on a 256-core machine.
+pub const PROJECTOR_SHARDS_MAX: usize = 256;
+
 /// Once this share of `connections_max` (percent) is open, a new QUIC
 /// connection whose address is not yet validated is answered with a Retry
 /// instead of a slot: the client comes back with a token proving it receives

@@ -26,10 +26,10 @@ struct Node {
 }
 
 fn start(id: &Identity) -> Node {
-    start_on(id, MemStore::new())
+    start_on(id, MemStore::new(), 1)
 }
 
-fn start_on(id: &Identity, store: MemStore) -> Node {
+fn start_on(id: &Identity, store: MemStore, projector_shards: usize) -> Node {
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     let sent: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
     let s2 = sent.clone();
@@ -42,7 +42,7 @@ fn start_on(id: &Identity, store: MemStore) -> Node {
             s.push(encode(&Message::Key(kd)));
         }
     });
-    let cfg = PipelineConfig { tick_ms: 20, ..Default::default() };
+    let cfg = PipelineConfig { tick_ms: 20, projector_shards, ..Default::default() };
     let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id.clone()), store, rx, on_durable);
     let shared = pipeline.shared.clone();
     let author = Arc::new(Author::new(id.clone(), shared.clone()));
@@ -68,6 +68,21 @@ impl Node {
                 return s.clone();
             }
             assert!(t.elapsed() < Duration::from_secs(20), "status never reached: {:?}", self.shared.status.read().unwrap().get(scope));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// What the node sent once it holds `ops` ops: a status is published
+    /// before its commit's side effects are handed out (both after the
+    /// commit is durable), so it may be seen first.
+    fn sent_when(&self, ops: usize) -> Vec<Vec<u8>> {
+        let t = Instant::now();
+        loop {
+            let sent = self.sent.lock().unwrap().clone();
+            if sent.iter().filter(|f| f[0] == dagfold::protocol::MESSAGE_OP).count() >= ops {
+                return sent;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "never sent {ops} ops");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -111,7 +126,7 @@ fn authored_ops_apply_here_and_on_a_member_node_with_the_same_root() {
 
     // Written on one node, received and applied on another.
     let mut other = Engine::new(Config::default(), b.clone());
-    let frames = node.sent.lock().unwrap().clone();
+    let frames = node.sent_when(st.applied as usize);
     // The ops before the AddMember wait for the keyring delivered after it.
     for f in &frames {
         let o = other.handle_frame(f, 0);
@@ -119,6 +134,52 @@ fn authored_ops_apply_here_and_on_a_member_node_with_the_same_root() {
     }
     let theirs = other.status(&scope).unwrap();
     assert_eq!((theirs.root, theirs.applied, theirs.data_key_waiting), (st.root, st.applied, 0));
+}
+
+/// Issue 23: with the fold split by scope into shards, each data draft's
+/// root is still computed at its point of the commit by the shard of its
+/// scope: concurrent writes in six scopes (two a shard), each op's root as its scope's
+/// after it (a member node applying them all finds no divergence), the
+/// statuses' roots those of the other node.
+#[test]
+fn authored_roots_are_right_with_the_fold_in_shards() {
+    let a = Identity::from_secrets([35; 32], [36; 32]);
+    let b = Identity::from_secrets([37; 32], [38; 32]);
+    let node = start_on(&a, MemStore::new(), 3);
+    // Two scopes in each shard (a scope's id is its genesis's: random).
+    let mut scopes: Vec<Hash> = Vec::new();
+    for i in 0..200 {
+        let scope = node.run(move |x| x.create_scope(format!("team {i}"))).unwrap().scope;
+        let shard = dagfold::core::projector::shard_of(&scope, 3);
+        if scopes.iter().filter(|s| dagfold::core::projector::shard_of(s, 3) == shard).count() < 2 {
+            node.run(move |x| x.add_member(scope, b.public_key, b.kem_public, Role::Writer)).unwrap();
+            scopes.push(scope);
+        }
+        if scopes.len() == 6 {
+            break;
+        }
+    }
+    assert_eq!(scopes.len(), 6, "two scopes in each shard");
+    let writes: Vec<_> = (0..96)
+        .map(|i| {
+            let (a, scope) = (node.author.clone(), scopes[i % 6]);
+            node.rt.spawn(async move { a.spawn(move |x| x.write(scope, vec![put(&format!("k{}", i % 5), &format!("v{i}"))], vec![])).await })
+        })
+        .collect();
+    for h in writes {
+        node.rt.block_on(h).unwrap().expect("a concurrent write is applied");
+    }
+    let mut other = Engine::new(Config::default(), b.clone());
+    let statuses: Vec<_> = scopes.iter().map(|s| node.status_when(s, |st| st.applied == 2 + 16)).collect();
+    let applied: u64 = node.shared.status.read().unwrap().values().map(|s| s.applied).sum();
+    for f in &node.sent_when(applied as usize) {
+        let o = other.handle_frame(f, 0);
+        assert!(matches!(o, Outcome::Applied | Outcome::KeyAccepted | Outcome::NotYet(_)), "{o:?}");
+    }
+    assert_eq!((other.stats.root_checks > 0, other.stats.divergences), (true, 0), "every authored root checked is right");
+    for st in statuses {
+        assert_eq!(other.status(&st.scope).map(|s| (s.root, s.applied)), Some((st.root, st.applied)));
+    }
 }
 
 #[test]
@@ -164,7 +225,7 @@ fn writes_while_the_store_refuses_are_unavailable() {
     let mut store = MemStore::new();
     // The scope's key and genesis (one or two commits), then failure.
     store.fail_after_writes = Some(2);
-    let node = start_on(&a, store);
+    let node = start_on(&a, store, 1);
     let scope = node.run(|x| x.create_scope("team".into())).unwrap().scope;
     let mut answers = Vec::new();
     for i in 0..3 {

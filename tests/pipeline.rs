@@ -141,3 +141,146 @@ fn ignored_key_deliveries_lower_their_hosts_useful_share() {
     assert_eq!(totals.get(&honest), Some(&(n, n)), "every op applied and every key accepted is useful");
     assert_eq!(totals.get(&junk), Some(&(0, 4)), "ignored deliveries count, as nothing useful");
 }
+
+/// A store that keeps every batch written, for the test to read while the
+/// pipeline owns it.
+#[derive(Clone, Default)]
+struct Recorded(std::sync::Arc<std::sync::Mutex<(MemStore, Vec<Vec<dagfold::core::Write>>)>>);
+
+impl dagfold::core::TableScan for Recorded {
+    fn scan(&self, cf: dagfold::core::Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), dagfold::core::ScanFailed> {
+        self.0.lock().unwrap().0.scan(cf, f)
+    }
+}
+
+impl dagfold::store::Store for Recorded {
+    fn write(&mut self, writes: &[dagfold::core::Write], sync: bool) -> Result<(), dagfold::store::StoreError> {
+        let mut g = self.0.lock().unwrap();
+        g.1.push(writes.to_vec());
+        g.0.write(writes, sync)
+    }
+
+    fn get(&self, cf: dagfold::core::Cf, key: &[u8]) -> Result<Option<Vec<u8>>, dagfold::store::StoreError> {
+        self.0.lock().unwrap().0.get(cf, key)
+    }
+}
+
+/// What a run of the pipeline left: every table but the event log (whose
+/// records are per commit, and commits close by time), the events handed
+/// out, the published roots, the heartbeat divergences and the batches.
+struct Run {
+    tables: Vec<std::collections::BTreeMap<Vec<u8>, Vec<u8>>>,
+    events: Vec<(dagfold::protocol::Hash, u64, dagfold::protocol::Hash)>,
+    roots: Vec<(dagfold::protocol::Hash, dagfold::protocol::Hash)>,
+    heartbeat_divergences: u64,
+    batches: Vec<Vec<dagfold::core::Write>>,
+}
+
+fn run_with_shards(shards: usize, id: &Identity, input: &[Work2]) -> Run {
+    use dagfold::core::Cf;
+    let store = Recorded::default();
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ev = events.clone();
+    let on_durable = Box::new(move |d: dagfold::pipeline::Committed| ev.lock().unwrap().extend(d.events.into_iter().map(|e| (e.scope, e.seq, e.op))));
+    // Small commits (a commit holds whole verifier batches), so that many
+    // commits each hold ops of many scopes.
+    let cfg = PipelineConfig { applied_bytes: false, projector_shards: shards, verify_batch_max: 16, commit_ops_max: 32, ..Default::default() };
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id.clone()), store.clone(), rx, on_durable);
+    for w in input {
+        let work = match w {
+            Work2::Frame(f) => work_of(f),
+            Work2::Heads { scope, heads, root } => {
+                Work::Heads { peer: "127.0.0.1:9".parse().unwrap(), origin: 1, scope: *scope, heads: heads.clone(), root: *root }
+            }
+        };
+        tx.blocking_send(work).unwrap();
+    }
+    drop(tx);
+    let shared = pipeline.shared.clone();
+    pipeline.join();
+    let g = store.0.lock().unwrap();
+    let tables = Cf::ALL.iter().filter(|cf| **cf != Cf::Events).map(|cf| g.0.table(*cf).cloned().unwrap_or_default()).collect();
+    let mut events = events.lock().unwrap().clone();
+    events.sort();
+    let roots = shared.status.read().unwrap().values().map(|s| (s.scope, s.root)).collect();
+    let heartbeat_divergences = shared.divergences_heartbeat.load(std::sync::atomic::Ordering::Relaxed);
+    Run { tables, events, roots, heartbeat_divergences, batches: g.1.clone() }
+}
+
+/// The input of `projector_shards_...`: frames, and peers' heartbeats.
+enum Work2 {
+    Frame(Vec<u8>),
+    Heads { scope: dagfold::protocol::Hash, heads: Vec<dagfold::protocol::Hash>, root: dagfold::protocol::Hash },
+}
+
+/// Issue 23: the fold split by scope into shards stores and publishes what
+/// one projector does. Twelve scopes' ops interleaved, through 1 and 3
+/// projector shards: the same tables (cells, items, scope records with
+/// their divergence counts, ops), events and published roots (each the
+/// author's final root); heartbeats compared at their point of the input
+/// (mid-way through a scope, its next ops and other scopes' around them,
+/// in the same commit; a shard counts the point in its own folds): the right
+/// roots count nothing, a wrong one one divergence. Each batch holds whole
+/// commits: the scopes whose cells it writes are those of its events (here
+/// every data op puts cells and emits one event), which a commit joined
+/// from the parts of different commits would break.
+#[test]
+fn projector_shards_store_and_publish_what_one_projector_does() {
+    let id = Identity::from_secrets([27; 32], [28; 32]);
+    let ws: Vec<_> = (0..12)
+        .map(|i| generate(&WorkloadConfig { seed: 100 + i, data_ops: 120, ..Default::default() }, id.public_key, id.kem_public))
+        .collect();
+    let shards: std::collections::BTreeSet<usize> = ws.iter().map(|w| dagfold::core::projector::shard_of(&w.scope, 3)).collect();
+    assert_eq!(shards.len(), 3, "every shard holds a scope");
+    let mut input: Vec<Work2> = Vec::new();
+    let data: Vec<Vec<_>> = ws.iter().map(|w| w.messages.iter().filter(|m| m.is_data).collect()).collect();
+    for w in &ws {
+        input.extend(w.messages.iter().filter(|m| !m.is_data).map(|m| Work2::Frame(m.frame.clone())));
+    }
+    for i in 0..120 {
+        for (k, w) in ws.iter().enumerate() {
+            if k < 4 && (60..63).contains(&i) {
+                continue; // Sent right after the heartbeat.
+            }
+            input.push(Work2::Frame(data[k][i].frame.clone()));
+            if i == 59 && k < 4 {
+                // This scope's state after its first 60 ops, from an engine
+                // of its own; the fourth heartbeat's root is wrong.
+                let mut inline = Engine::new(Config::default(), id.clone());
+                for m in w.messages.iter().filter(|m| !m.is_data).chain(data[k][..60].iter().copied()) {
+                    inline.handle_frame(&m.frame, 0);
+                }
+                let st = inline.status(&w.scope).unwrap();
+                let heads = st.data_heads.iter().chain(&st.governance_heads).copied().collect();
+                input.push(Work2::Heads { scope: w.scope, heads, root: if k == 3 { [9; 32] } else { st.root } });
+                // The scope's next ops at once: mostly in the heartbeat's
+                // commit, which it must be compared before.
+                input.extend(data[k][60..63].iter().map(|m| Work2::Frame(m.frame.clone())));
+            }
+        }
+    }
+    let one = run_with_shards(1, &id, &input);
+    let three = run_with_shards(3, &id, &input);
+    assert!(one.tables == three.tables, "the same tables");
+    assert_eq!(one.events, three.events);
+    assert_eq!(one.events.len(), 12 * 120);
+    assert_eq!(one.roots, three.roots);
+    let mut want: Vec<_> = ws.iter().map(|w| (w.scope, w.final_root)).collect();
+    want.sort();
+    assert_eq!(three.roots, want, "the authors' roots");
+    assert_eq!((one.heartbeat_divergences, three.heartbeat_divergences), (1, 1));
+    let scope_of = |k: &[u8]| -> dagfold::protocol::Hash { k[..32].try_into().unwrap() };
+    for (n, batch) in three.batches.iter().enumerate() {
+        let (mut cells, mut evs) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
+        for w in batch {
+            match w {
+                dagfold::core::Write::Put(dagfold::core::Cf::Projection, k, _) => cells.insert(scope_of(k)),
+                dagfold::core::Write::Put(dagfold::core::Cf::Events, k, _) => evs.insert(scope_of(k)),
+                _ => false,
+            };
+        }
+        assert_eq!(cells, evs, "batch {n}: the scopes of its cells and of its events");
+    }
+    assert!(three.batches.len() > 20, "many commits: {}", three.batches.len());
+}

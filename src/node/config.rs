@@ -136,6 +136,11 @@ pub struct Settings {
     /// one)
     #[arg(long)]
     pub network_threads: Option<usize>,
+    /// Projector threads: the fold, roots and cell writes split by scope
+    /// (by default one per four cores, at least one; a scope is always
+    /// folded by one of them)
+    #[arg(long)]
+    pub projector_shards: Option<usize>,
     /// Applied ops folded into one commit at most (group commit); a commit
     /// also closes at 4x as many received ops when most park
     #[arg(long)]
@@ -193,6 +198,7 @@ impl Settings {
             buffered_bytes_total_max: Some(limits::BUFFERED_BYTES_TOTAL_MAX),
             verifier_threads: Some(pipeline.verifier_threads),
             network_threads: Some(network_threads_default()),
+            projector_shards: Some(pipeline.projector_shards),
             commit_ops_max: Some(pipeline.commit_ops_max),
             durability: Some("durable".to_owned()),
             memtable_bytes_max: None,
@@ -245,6 +251,7 @@ impl Settings {
             memtable_bytes_max: self.memtable_bytes_max,
             pipeline: PipelineConfig {
                 verifier_threads: set(self.verifier_threads),
+                projector_shards: set(self.projector_shards),
                 commit_ops_max: set(self.commit_ops_max),
                 sync,
                 ..PipelineConfig::default()
@@ -259,8 +266,11 @@ impl Settings {
                 ..ServerConfig::default()
             },
         };
-        if c.pipeline.verifier_threads == 0 || c.pipeline.commit_ops_max == 0 || c.heartbeat_ms == 0 {
+        if c.pipeline.verifier_threads == 0 || c.pipeline.projector_shards == 0 || c.pipeline.commit_ops_max == 0 || c.heartbeat_ms == 0 {
             return Err(ResolveError::AtLeastOne);
+        }
+        if c.pipeline.projector_shards > limits::PROJECTOR_SHARDS_MAX {
+            return Err(ResolveError::ProjectorShards);
         }
         if c.buffered_ops_per_scope_max < 1 || c.buffered_ops_total_max < c.buffered_ops_per_scope_max {
             return Err(ResolveError::BufferedOps);
@@ -282,8 +292,10 @@ pub enum ResolveError {
     Durability(String),
     #[error("--accept-scopes-from takes a public key of 64 hex characters, got {0:?}")]
     Key(String),
-    #[error("verifier_threads, commit_ops_max and heartbeat_ms must be at least 1")]
+    #[error("verifier_threads, projector_shards, commit_ops_max and heartbeat_ms must be at least 1")]
     AtLeastOne,
+    #[error("projector_shards must be at most {}", limits::PROJECTOR_SHARDS_MAX)]
+    ProjectorShards,
     #[error("buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)")]
     BufferedOps,
     #[error(transparent)]
@@ -398,14 +410,16 @@ mod tests {
         let c = args(&[]).resolve().unwrap();
         assert_eq!(c.pipeline.verifier_threads, cores);
         assert_eq!(c.network_threads, (cores / 4).max(1));
+        assert_eq!(c.pipeline.projector_shards, (cores / 4).max(1));
         assert!(help_of("verifier-threads").ends_with(&format!("[default: {cores}]")));
+        assert!(help_of("projector-shards").ends_with(&format!("[default: {}]", (cores / 4).max(1))));
     }
 
     #[test]
     fn the_defaults_used_and_shown_are_the_constants() {
         let c = args(&[]).resolve().unwrap();
         let (pipeline, net) = (PipelineConfig::default(), ServerConfig::default());
-        let used_and_constant: [(&str, u64, u64); 12] = [
+        let used_and_constant: [(&str, u64, u64); 13] = [
             ("key-wait-ms", c.key_wait_ms, limits::DATA_KEY_WAIT_MS_DEFAULT),
             ("heartbeat-ms", c.heartbeat_ms, HEARTBEAT_MS_DEFAULT),
             ("buffered-ops-per-scope-max", c.buffered_ops_per_scope_max, limits::BUFFERED_OPS_PER_SCOPE_MAX),
@@ -414,6 +428,7 @@ mod tests {
             ("buffered-bytes-total-max", c.buffered_bytes_total_max, limits::BUFFERED_BYTES_TOTAL_MAX),
             ("verifier-threads", c.pipeline.verifier_threads as u64, pipeline.verifier_threads as u64),
             ("network-threads", c.network_threads as u64, network_threads_default() as u64),
+            ("projector-shards", c.pipeline.projector_shards as u64, pipeline.projector_shards as u64),
             ("commit-ops-max", c.pipeline.commit_ops_max as u64, pipeline.commit_ops_max as u64),
             ("connections-max", c.net.connections_max.into(), net.connections_max.into()),
             ("streams-per-connection-max", c.net.streams_per_connection_max.into(), net.streams_per_connection_max.into()),
@@ -477,7 +492,9 @@ mod tests {
     fn errors_name_the_setting() {
         let err = |argv: &[&str]| args(argv).resolve().unwrap_err().to_string();
         assert_eq!(err(&["--durability", "slow"]), "--durability takes `durable` or `fast`, not \"slow\"");
-        assert_eq!(err(&["--heartbeat-ms", "0"]), "verifier_threads, commit_ops_max and heartbeat_ms must be at least 1");
+        assert_eq!(err(&["--heartbeat-ms", "0"]), "verifier_threads, projector_shards, commit_ops_max and heartbeat_ms must be at least 1");
+        assert_eq!(err(&["--projector-shards", "0"]), "verifier_threads, projector_shards, commit_ops_max and heartbeat_ms must be at least 1");
+        assert_eq!(err(&["--projector-shards", "257"]), "projector_shards must be at most 256");
         assert_eq!(
             err(&["--buffered-ops-per-scope-max", "2", "--buffered-ops-total-max", "1"]),
             "buffered_ops_total_max must be at least buffered_ops_per_scope_max (and both ≥ 1)"

@@ -7,15 +7,16 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::Receiver;
 use metrics::{counter, histogram};
 
 use super::metrics::note_age;
+use super::shards::Join;
 use super::{Committed, ConnId, PipelineState};
 use crate::core::{Commit, ScopeStatus, Write};
 use crate::store::Store;
 
-/// A folded commit on its way from the projector to the committer.
+/// A folded commit (or a shard's part of one) on its way from the
+/// projector to the committer.
 pub(super) type ToCommit = (Commit, Vec<ScopeStatus>, Vec<ConnId>, Instant);
 
 /// Commits written together at most: the ones queued when the committer
@@ -33,9 +34,11 @@ const COMMITS_PER_WRITE_MAX: usize = 16;
 /// not worth doing per commit.
 const TABLE_BYTES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Writes each commit whose parts `parts` joined, in commit order, those
+/// queued together (`COMMITS_PER_WRITE_MAX`).
 pub(super) fn run<S: Store>(
     mut store: S,
-    rx: Receiver<ToCommit>,
+    parts: Join,
     shared: Arc<PipelineState>,
     sync: bool,
     applied_bytes: bool,
@@ -43,16 +46,16 @@ pub(super) fn run<S: Store>(
 ) {
     let mut group: Vec<ToCommit> = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
     let mut sized: Option<Instant> = None;
-    while let Ok(first) = rx.recv() {
+    while let Some(first) = parts.recv() {
         if sized.is_none_or(|t| t.elapsed() >= TABLE_BYTES_INTERVAL) {
             sized = Some(Instant::now());
             publish_table_bytes(&store);
         }
         group.push(first);
         while group.len() < COMMITS_PER_WRITE_MAX {
-            match rx.try_recv() {
-                Ok(c) => group.push(c),
-                Err(_) => break,
+            match parts.try_recv() {
+                Some(c) => group.push(c),
+                None => break,
             }
         }
         if shared.refusing.load(Ordering::Relaxed) {

@@ -1,11 +1,13 @@
 //! Worker threads and bounded channels around the sans-IO core.
 //!
 //! ```text
-//! transport ─ingest─▶ batcher ─▶ verifier × N ─▶ authorizer ─▶ decryptor ─▶ orderer ─▶ projector ─▶ committer
+//! transport ─ingest─▶ batcher ─▶ verifier × N ─▶ authorizer ─▶ decryptor ─▶ orderer ─▶ projector × S ─▶ committer
 //!  (tokio mpsc)        (seq)     (batch verify)  (G at cut,     (opens with   (Engine:   (fold, roots,  (RocksDB batch,
 //!                                                 replica)       keyring)      verdicts,  convergence   fsync, then
-//!                                                                              DAG,       checks, cell  events, gossip)
-//!                                                                              cascade)   writes)
+//!                                                                              DAG,       checks, cell  events, gossip;
+//!                                                                              cascade;   writes; by    a commit's parts
+//!                                                                              split by   scope)        joined first)
+//!                                                                              scope)
 //! ```
 //!
 //! Every channel is bounded and carries batches. When a stage falls behind,
@@ -22,13 +24,16 @@
 //! (SPEC §8), which no verdict depends on, runs after the orderer on the
 //! projector thread (`core::Projector`), commit by commit, so that a long
 //! cascade's folds and root checks overlap with the judging of its next
-//! part. Verifier batches may finish out
+//! part; split by scope into shards (`projector_shards` threads), each
+//! commit handed to every shard in parts and joined again before it is
+//! written as one batch (`shards.rs`). Verifier batches may finish out
 //! of order; the authorizer restores the ingest order so that a causally
 //! ordered stream stays causally ordered (no needless pending buffering).
 //!
 //! One file per stage: `batcher.rs`, `verifier.rs`, `authorizer.rs`,
 //! `decryptor.rs`, `orderer.rs` (its decisions by time and counts in
-//! `policy.rs`), `projector.rs`, `committer.rs`; beside them the byte budget
+//! `policy.rs`), `projector.rs` (its shards' split and join in
+//! `shards.rs`), `committer.rs`; beside them the byte budget
 //! of the orderer's queue (`gate.rs`), the cache of signatures found valid
 //! (`verified.rs`) and the pipeline's metrics (`metrics.rs`).
 
@@ -42,6 +47,7 @@ mod metrics;
 mod orderer;
 mod policy;
 mod projector;
+mod shards;
 mod verified;
 mod verifier;
 
@@ -58,8 +64,8 @@ use crate::core::{Engine, Prepared, ScopeStatus};
 use crate::protocol::{Hash, KeyDelivery, Op};
 use crate::store::Store;
 
-use committer::ToCommit;
-use projector::ToProject;
+#[cfg(feature = "testkit")]
+pub use shards::fold_stage;
 
 /// The connection a message came in on: a transport connection id, 0 for
 /// local.
@@ -187,6 +193,17 @@ const DIRECT_QUEUE_ITEMS: usize = 8192;
 /// Commits built and not yet taken by the committer, at most (see `start`).
 const COMMIT_SLOTS: usize = 2;
 
+/// Projector shards by default: one per four cores (`machine_cores`), at
+/// least one. The fold is ~23% of the node's CPU per op (4.65 of 19.9 µs,
+/// ARCHITECTURE.md, "Cost per stage"), so with a shard per four cores its
+/// cap (cores / 4 / 4.65 µs) stays above what all the cores verify, order
+/// and write (cores / 19.9 µs); on this 2-core machine that is one shard,
+/// where a second only adds a thread switch per commit
+/// (docs/PERFORMANCE.md, 2026-12-05).
+pub fn projector_shards_default() -> usize {
+    (machine_cores() / 4).clamp(1, crate::limits::PROJECTOR_SHARDS_MAX)
+}
+
 /// The cores this process may use (`std::thread::available_parallelism`:
 /// the machine's, less what an affinity mask or a cgroup quota takes), 2
 /// when the system cannot tell. The defaults of the verifier and network
@@ -200,6 +217,10 @@ pub struct PipelineConfig {
     /// One per core by default (`machine_cores`): verification is the
     /// node's largest cost, and every core can take a share of it.
     pub verifier_threads: usize,
+    /// Projector threads, each folding the scopes with
+    /// `core::projector::shard_of(scope) == i` (`shards.rs`); by default
+    /// `projector_shards_default`. One scope is always in one shard.
+    pub projector_shards: usize,
     /// Ops per signature batch at most (the batcher takes what is queued,
     /// lingering up to `BATCH_LINGER` while it has fewer than
     /// `BATCH_LINGER_UNTIL`). Past ~190 points the
@@ -238,6 +259,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             verifier_threads: machine_cores(),
+            projector_shards: projector_shards_default(),
             verify_batch_max: 512,
             stage_queue_batches: 4,
             commit_ops_max: 4096,
@@ -291,7 +313,9 @@ pub struct PipelineState {
     /// Heads of peers that we lack, per scope, by the configured peer whose
     /// heartbeat named them (`Work::Heads`'s origin): its link asks for them.
     pub lacking: Mutex<crate::peering::LackingNotes<u64>>,
-    pub divergences_heartbeat: AtomicU64,
+    /// Heartbeats whose root differed from ours at the same heads (every
+    /// projector shard adds to it).
+    pub divergences_heartbeat: Arc<AtomicU64>,
     /// One past the number of the last commit written (0: none yet).
     pub durable_commits: AtomicU64,
     /// The same, for those who wait on it (the answers of the node's API).
@@ -376,6 +400,7 @@ impl Pipeline {
         on_durable: Box<dyn FnMut(Committed) + Send>,
     ) -> Pipeline {
         assert!(cfg.verifier_threads >= 1 && cfg.verify_batch_max >= 1);
+        assert!((1..=crate::limits::PROJECTOR_SHARDS_MAX).contains(&cfg.projector_shards));
         engine.set_cascade_budget(cfg.commit_ops_max as u64);
         // Replicas fed by the orderer from what the engine accepted.
         let gov_replica = Arc::new(RwLock::new(Governance::default()));
@@ -402,7 +427,7 @@ impl Pipeline {
             buffered_bytes: AtomicU64::new(0),
             wanted: Mutex::new(Vec::new()),
             lacking: Mutex::new(Default::default()),
-            divergences_heartbeat: AtomicU64::new(0),
+            divergences_heartbeat: Arc::new(AtomicU64::new(0)),
             durable_commits: AtomicU64::new(0),
             durable: tokio::sync::watch::Sender::new(0),
             direct: direct_tx,
@@ -419,8 +444,9 @@ impl Pipeline {
                 }
             }
         }
-        // From here the engine leaves its folds to the projector thread.
-        let projection = engine.take_projector();
+        // From here the engine leaves its folds to the projector shards,
+        // each scope's state moved to its shard.
+        let projectors = engine.take_projector().split(cfg.projector_shards);
         let q = cfg.stage_queue_batches;
         let (verify_tx, verify_rx) = bounded::<Batch>(q);
         let (auth_tx, auth_rx) = bounded::<Batch>(q);
@@ -434,10 +460,11 @@ impl Pipeline {
         // the orderer and heavy for the committer, a cascade the reverse),
         // and with one slot the orderer waited 0.65–0.87 s per 200k
         // shuffled ops, with two 0.43–0.67 s (ARCHITECTURE.md).
-        // The projector sits between them, with as many slots on either
-        // side: a commit is folded while the one before it is written.
-        let (project_tx, project_rx) = bounded::<ToProject>(COMMIT_SLOTS);
-        let (commit_tx, commit_rx) = bounded::<ToCommit>(COMMIT_SLOTS);
+        // The projector's shards sit between them, each with as many slots
+        // on either side: a commit is folded while the one before it is
+        // written (`shards.rs`: the split, the join, why it cannot
+        // deadlock).
+        let (project_tx, shard_io, commit_rx) = shards::channels(cfg.projector_shards);
         // Queue depths, sampled by the orderer for the metrics.
         let probes: Vec<(&'static str, Receiver<Batch>)> =
             vec![("verify", verify_rx.clone()), ("authorize", auth_rx.clone()), ("decrypt", dec_rx.clone()), ("order", order_rx.clone())];
@@ -470,8 +497,10 @@ impl Pipeline {
                 order_gate.close();
             }),
         ));
-        let sh = shared.clone();
-        threads.push(spawn("dagfold-projector", Box::new(move || projector::run(projection, project_rx, commit_tx, sh))));
+        for (i, (projector, shards::ShardIo { rx, tx })) in projectors.into_iter().zip(shard_io).enumerate() {
+            let d = shared.divergences_heartbeat.clone();
+            threads.push(spawn(&format!("dagfold-projector-{i}"), Box::new(move || projector::run(i, projector, rx, tx, d))));
+        }
         let sh = shared.clone();
         let (sync, applied_bytes) = (cfg.sync, cfg.applied_bytes);
         threads.push(spawn(

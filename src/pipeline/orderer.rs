@@ -2,19 +2,20 @@
 //! decrypted batches in order (verdicts, DAG, buffers, cascade), folds them
 //! into group commits, feeds the authorizer's and decryptor's replicas with
 //! what the engine accepted, publishes statuses and the ids wanted from
-//! peers, and hands each commit to the projector.
+//! peers, and hands each commit to the projector's shards.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
 use metrics::{counter, gauge, histogram};
 
 use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
 use super::policy::{InFlight, OrderPolicy};
 use super::projector::{HeartbeatCheck, ToProject};
+use super::shards::Split;
 use super::author::Authoring;
 use super::{gate, Authored, Batch, ConnId, HostOutcomes, Item, PipelineState, Work};
 use crate::clock::now_ms;
@@ -56,7 +57,7 @@ fn next_input(rx: &Receiver<Batch>, direct: &Receiver<Work>, wait: Duration) -> 
 pub(super) fn run(
     engine: &mut Engine,
     rx: Receiver<Batch>,
-    commit_tx: Sender<ToProject>,
+    commit_tx: Split,
     shared: Arc<PipelineState>,
     io: OrdererIo,
     commit_ops_max: usize,
@@ -242,8 +243,9 @@ pub(super) fn run(
         }
         gauge!("dagfold_queue_batches", "stage" => "project").set(commit_tx.len() as f64);
         gauge!("dagfold_order_queue_bytes").set(gate.held() as f64);
-        // Both slots taken: the projector (or, behind it, the committer) is
-        // behind, and the time spent here is the orderer waiting for it.
+        // Both slots of a shard taken: that shard (or, behind it, the
+        // committer) is behind, and the time spent here is the orderer
+        // waiting for it. The commit is split by scope on this thread.
         let t_send = Instant::now();
         let heartbeats = std::mem::take(&mut heartbeats);
         let roots = std::mem::take(&mut authoring.roots);
@@ -254,7 +256,7 @@ pub(super) fn run(
         }
         in_flight.sent(commit.number);
         let to_project = ToProject { commit, statuses, conns: applied_conns, received: last_received, heartbeats, roots };
-        if commit_tx.send(to_project).is_err() {
+        if !commit_tx.send(to_project) {
             return;
         }
         waited_commit.increment(t_send.elapsed());

@@ -1,8 +1,9 @@
 //! The projector: folds each commit's applied data ops (SPEC §8) on its own
 //! thread, so that the fold and the root checks of commit N overlap with
-//! the orderer's judging of N+1.
+//! the orderer's judging of N+1; split by scope into shards, one thread
+//! each, so that many scopes fold on many cores (`shards.rs`).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,7 +13,7 @@ use metrics::{counter, gauge, histogram};
 use super::author::RootRequest;
 use super::committer::ToCommit;
 use super::metrics::note_age;
-use super::{ConnId, PipelineState};
+use super::ConnId;
 use crate::core::{Commit, Projector, ScopeStatus};
 use crate::protocol::Hash;
 
@@ -39,22 +40,32 @@ pub(super) struct HeartbeatCheck {
 }
 
 /// The fold of each commit's applied data ops (`core::Projector`), in
-/// commit order: the cells it changed and the scope records join the
-/// commit's writes, the statuses get their roots, the convergence checks
-/// and the heartbeat comparisons are made; then the commit goes on to the
-/// committer.
-pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCommit>, shared: Arc<PipelineState>) {
-    let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "commit");
+/// commit order, by shard `shard` (its scopes' part of each commit): the
+/// cells it changed and the scope records join the commit's writes, the
+/// statuses get their roots, the convergence checks and the heartbeat
+/// comparisons (counted in `heartbeat_divergences`) are made; then the
+/// commit goes on to the committer.
+pub(super) fn run(shard: usize, mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCommit>, heartbeat_divergences: Arc<AtomicU64>) {
+    let label = shard.to_string();
+    let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "commit", "shard" => label.clone());
+    let stage = histogram!("dagfold_stage_seconds", "stage" => "project", "shard" => label.clone());
+    let queue = gauge!("dagfold_queue_batches", "stage" => "commit", "shard" => label);
+    // The divergences found over all shards (each adds its own).
+    let divergences = gauge!("dagfold_engine_divergences_total");
+    let mut divergences_counted = projector.stats.divergences;
+    divergences.increment(divergences_counted as f64);
     for m in rx {
         let ToProject { mut commit, mut statuses, conns, received, heartbeats, roots } = m;
         let t = Instant::now();
-        note_age("project", received);
+        if shard == 0 {
+            note_age("project", received);
+        }
         let folds = std::mem::take(&mut commit.folds);
         let mut heartbeats = heartbeats.into_iter().peekable();
         let mut roots = roots.into_iter().peekable();
         for (i, fold) in folds.into_iter().enumerate() {
             while let Some(h) = heartbeats.next_if(|h| h.at <= i) {
-                compare_heartbeat(&mut projector, &h, &shared);
+                compare_heartbeat(&mut projector, &h, &heartbeat_divergences);
             }
             while let Some(r) = roots.next_if(|r| r.at <= i) {
                 answer_draft(&mut projector, r);
@@ -62,7 +73,7 @@ pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<
             projector.fold(fold);
         }
         for h in heartbeats {
-            compare_heartbeat(&mut projector, &h, &shared);
+            compare_heartbeat(&mut projector, &h, &heartbeat_divergences);
         }
         for r in roots {
             answer_draft(&mut projector, r);
@@ -71,9 +82,10 @@ pub(super) fn run(mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<
         for st in &mut statuses {
             st.root = projector.root(&st.scope);
         }
-        gauge!("dagfold_engine_divergences_total").set(projector.stats.divergences as f64);
-        gauge!("dagfold_queue_batches", "stage" => "commit").set(tx.len() as f64);
-        histogram!("dagfold_stage_seconds", "stage" => "project").record(t.elapsed().as_secs_f64());
+        divergences.increment((projector.stats.divergences - divergences_counted) as f64);
+        divergences_counted = projector.stats.divergences;
+        queue.set(tx.len() as f64);
+        stage.record(t.elapsed().as_secs_f64());
         let t_send = Instant::now();
         if tx.send((commit, statuses, conns, received)).is_err() {
             return;
@@ -91,10 +103,10 @@ fn answer_draft(projector: &mut Projector, r: RootRequest) {
 }
 
 /// SPEC §8 repaired through sync: a peer with our heads and another root.
-fn compare_heartbeat(projector: &mut Projector, h: &HeartbeatCheck, shared: &PipelineState) {
+fn compare_heartbeat(projector: &mut Projector, h: &HeartbeatCheck, divergences: &AtomicU64) {
     let ours = projector.root(&h.scope);
     if ours != h.root {
-        shared.divergences_heartbeat.fetch_add(1, Ordering::Relaxed);
+        divergences.fetch_add(1, Ordering::Relaxed);
         counter!("dagfold_divergences_total", "source" => "heartbeat").increment(1);
         eprintln!(
             "dagfold: divergence with {} in scope {}: same heads, roots {} (ours) and {} (theirs)",
