@@ -1,6 +1,7 @@
 //! Per-stage costs of the receive path, and the whole engine on RocksDB.
 //!
-//! Run: `cargo bench --bench stages` (release profile, shared with the tests).
+//! Run: `cargo bench --bench stages` (release profile, shared with the tests);
+//! one group: `cargo bench --bench stages -- "fold shards"`.
 //! Each group's throughput is per op (or per cell, per put), so the numbers
 //! read directly as the per-core cost of a stage (STYLE.md: numbers before
 //! code).
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dagfold::core::projection::Projection;
-use dagfold::core::{authorize_at, decode_frame, Cf, Config, Decoded, Engine, Identity, Write};
+use dagfold::core::projector::shard_of;
+use dagfold::core::{authorize_at, decode_frame, Cf, Commit, Config, Decoded, Engine, Fold, Identity, Projector, ScopeRecord, VerifiedOp, Write};
 use dagfold::durable::InlineDriver;
 use dagfold::protocol::crypto::{open_payload, sha256, sha256_tag_pair};
 use dagfold::protocol::sha_lanes::sha256_tag_pairs;
@@ -221,5 +223,99 @@ fn engine_on_rocksdb(c: &mut Criterion) {
     g.finish();
 }
 
+/// Scopes and data ops per scope of the fold shards' workload: many
+/// scopes, each with a history of its own, as a server holds them.
+const SHARDED_SCOPES: u64 = 128;
+const SHARDED_OPS_PER_SCOPE: usize = 1_000;
+/// Ops per commit, about what a loaded node groups (`commit_ops_max` is
+/// 4,096; a verifier batch of 512 closes one when the committer waits).
+const SHARDED_COMMIT_OPS: usize = 1_024;
+
+/// The fold stage of the node (`pipeline::fold_stage`: the real split,
+/// shard threads and join) over 128 scopes × 1,000 honest data ops (4
+/// writers each, their ops interleaved across scopes, commits of 1,024
+/// ops), in one shard and in two, each on its own thread: ops/s of each,
+/// whose ratio is what a second core gives the fold (issue 23: ≥ 1.7).
+fn fold_shards(c: &mut Criterion) {
+    // Made once, and only when a benchmark of the group runs (the filter).
+    let made = std::cell::OnceCell::new();
+    let mut g = c.benchmark_group("fold shards");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(20));
+    g.throughput(Throughput::Elements(SHARDED_SCOPES * SHARDED_OPS_PER_SCOPE as u64));
+    let mut writes_of = Vec::new();
+    for shards in [1usize, 2] {
+        let mut writes = 0usize;
+        g.bench_function(format!("{SHARDED_SCOPES} scopes, {shards} shard(s)"), |b| {
+            let commits = made.get_or_init(sharded_commits);
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let input: Vec<_> = commits
+                        .iter()
+                        .enumerate()
+                        .map(|(n, (folds, records))| {
+                            (Commit { folds: folds.clone(), records: records.clone(), number: n as u64, ..Default::default() }, Vec::new())
+                        })
+                        .collect();
+                    writes = 0;
+                    let t = Instant::now();
+                    dagfold::pipeline::fold_stage(Projector::default().split(shards), input, |c, _| writes += c.writes.len());
+                    total += t.elapsed();
+                }
+                total
+            })
+        });
+        writes_of.push(writes);
+    }
+    assert_eq!(writes_of[0], writes_of[1], "the same writes in one shard and in two");
+    g.finish();
+}
+
+/// The commits of the fold shards' workload: their folds and records.
+#[allow(clippy::type_complexity)]
+fn sharded_commits() -> Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>)> {
+    let id = node();
+    let t = Instant::now();
+    let ws: Vec<_> = (0..SHARDED_SCOPES)
+        .map(|i| {
+            let cfg = WorkloadConfig { seed: 1_000 + i, data_ops: SHARDED_OPS_PER_SCOPE, writers: 4, ..Default::default() };
+            generate(&cfg, id.public_key, id.kem_public)
+        })
+        .collect();
+    // The engine's commits with their folds, as the orderer hands them on
+    // (signatures taken as verified: the fold is what is measured).
+    let mut engine = Engine::new(Config::default(), id.clone());
+    let _ = engine.take_projector();
+    let mut commits: Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>)> = Vec::new();
+    let prefix = ws.iter().flat_map(|w| w.messages.iter().filter(|m| !m.is_data));
+    let data: Vec<Vec<_>> = ws.iter().map(|w| w.messages.iter().filter(|m| m.is_data).collect()).collect();
+    let interleaved = (0..SHARDED_OPS_PER_SCOPE).flat_map(|i| data.iter().map(move |d| d[i]));
+    for (n, m) in prefix.chain(interleaved).enumerate() {
+        let outcome = match decode_frame(&m.frame).unwrap() {
+            Decoded::Op { id, op, bytes } => engine.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, true, 0),
+            Decoded::Key(kd) => engine.handle_key(&kd, 0),
+        };
+        assert!(matches!(outcome, dagfold::core::Outcome::Applied | dagfold::core::Outcome::KeyAccepted), "{outcome:?}");
+        if (n + 1) % SHARDED_COMMIT_OPS == 0 {
+            let c = engine.take_commit().unwrap();
+            commits.push((c.folds, c.records));
+        }
+    }
+    let c = engine.take_commit().unwrap();
+    commits.push((c.folds, c.records));
+    let ops: usize = commits.iter().map(|(f, _)| f.len()).sum();
+    assert_eq!(ops as u64, SHARDED_SCOPES * SHARDED_OPS_PER_SCOPE as u64);
+    let share = ws.iter().filter(|w| shard_of(&w.scope, 2) == 0).count();
+    eprintln!(
+        "fold shards: {} scopes, {ops} data ops in {} commits (made in {:.1} s); of two shards the first holds {share} scopes",
+        ws.len(),
+        commits.len(),
+        t.elapsed().as_secs_f64()
+    );
+    commits
+}
+
 criterion_group!(benches, stages, engine_on_rocksdb);
-criterion_main!(benches);
+criterion_group!(sharded, fold_shards);
+criterion_main!(benches, sharded);
