@@ -177,11 +177,14 @@ pub fn fold_stage(
     let (split, io, join) = channels(projectors.len());
     let heartbeat_divergences = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     std::thread::scope(|s| {
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name).spawn_scoped(s, f).expect("spawning a fold stage thread");
+        };
         for (i, (projector, ShardIo { rx, tx })) in projectors.into_iter().zip(io).enumerate() {
             let d = heartbeat_divergences.clone();
-            s.spawn(move || super::projector::run(i, projector, rx, tx, d));
+            spawn(format!("dagfold-projector-{i}"), Box::new(move || super::projector::run(i, projector, rx, tx, d)));
         }
-        s.spawn(move || {
+        spawn("dagfold-split".into(), Box::new(move || {
             for (commit, statuses) in commits {
                 let received = std::time::Instant::now();
                 let m = ToProject { commit, statuses, conns: Vec::new(), received, heartbeats: Vec::new(), roots: Vec::new() };
@@ -189,7 +192,7 @@ pub fn fold_stage(
                     return;
                 }
             }
-        });
+        }));
         while let Some((commit, statuses, _, _)) = join.recv() {
             on_commit(commit, statuses);
         }
