@@ -254,7 +254,7 @@ fn fold_shards(c: &mut Criterion) {
     for shards in [1usize, 2] {
         let mut writes = 0usize;
         g.bench_function(format!("{SHARDED_SCOPES} scopes, {shards} shard(s)"), |b| {
-            let commits = made.get_or_init(sharded_commits);
+            let commits = &made.get_or_init(sharded_workload).commits;
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
@@ -279,11 +279,55 @@ fn fold_shards(c: &mut Criterion) {
     writes_of.retain(|w| *w > 0);
     assert!(writes_of.windows(2).all(|w| w[0] == w[1]), "the same writes in one shard and in two: {writes_of:?}");
     g.finish();
+
+    // The whole pipeline on RocksDB (WAL synced), the same frames signed
+    // and verified: what a second shard gives the node on this machine.
+    let mut g = c.benchmark_group("pipeline, fold shards");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(30));
+    g.throughput(Throughput::Elements(SHARDED_SCOPES * SHARDED_OPS_PER_SCOPE as u64));
+    for shards in [1usize, 2] {
+        g.bench_function(format!("{SHARDED_SCOPES} scopes, {shards} shard(s)"), |b| {
+            let frames = &made.get_or_init(sharded_workload).frames;
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let dir = tempfile::tempdir().unwrap();
+                    let store = RocksStore::open(dir.path()).unwrap();
+                    let cfg = dagfold::pipeline::PipelineConfig { applied_bytes: false, projector_shards: shards, ..Default::default() };
+                    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+                    let t = Instant::now();
+                    let p = dagfold::pipeline::Pipeline::start(cfg, Engine::new(Config::default(), node()), store, rx, Box::new(|_| {}));
+                    for f in frames {
+                        let work = match decode_frame(f).unwrap() {
+                            Decoded::Op { id, op, bytes } => dagfold::pipeline::Work::Op { id, op, bytes, conn: 1, host: None, authored: None },
+                            Decoded::Key(kd) => dagfold::pipeline::Work::Key { kd, host: None },
+                        };
+                        tx.blocking_send(work).unwrap();
+                    }
+                    drop(tx);
+                    let shared = p.shared.clone();
+                    p.join();
+                    total += t.elapsed();
+                    let applied: u64 = shared.status.read().unwrap().values().map(|s| s.applied).sum();
+                    assert!(applied >= SHARDED_SCOPES * SHARDED_OPS_PER_SCOPE as u64);
+                }
+                total
+            })
+        });
+    }
+    g.finish();
 }
 
-/// The commits of the fold shards' workload: their folds and records.
-#[allow(clippy::type_complexity)]
-fn sharded_commits() -> Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>)> {
+/// The fold shards' workload: its frames (every scope's governance, then
+/// the data ops interleaved across scopes) and the engine's commits of
+/// them, their folds and records.
+struct Sharded {
+    frames: Vec<Vec<u8>>,
+    commits: Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>)>,
+}
+
+fn sharded_workload() -> Sharded {
     let id = node();
     let t = Instant::now();
     let ws: Vec<_> = (0..SHARDED_SCOPES)
@@ -300,8 +344,9 @@ fn sharded_commits() -> Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>)> {
     let prefix = ws.iter().flat_map(|w| w.messages.iter().filter(|m| !m.is_data));
     let data: Vec<Vec<_>> = ws.iter().map(|w| w.messages.iter().filter(|m| m.is_data).collect()).collect();
     let interleaved = (0..SHARDED_OPS_PER_SCOPE).flat_map(|i| data.iter().map(move |d| d[i]));
-    for (n, m) in prefix.chain(interleaved).enumerate() {
-        let outcome = match decode_frame(&m.frame).unwrap() {
+    let frames: Vec<Vec<u8>> = prefix.chain(interleaved).map(|m| m.frame.clone()).collect();
+    for (n, frame) in frames.iter().enumerate() {
+        let outcome = match decode_frame(frame).unwrap() {
             Decoded::Op { id, op, bytes } => engine.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, true, 0),
             Decoded::Key(kd) => engine.handle_key(&kd, 0),
         };
@@ -322,7 +367,7 @@ fn sharded_commits() -> Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>)> {
         commits.len(),
         t.elapsed().as_secs_f64()
     );
-    commits
+    Sharded { frames, commits }
 }
 
 criterion_group!(benches, stages, engine_on_rocksdb);
