@@ -128,7 +128,8 @@ pub(super) fn split(m: ToProject, shards: usize) -> Vec<ToProject> {
         parts[shard_of(&st.scope, shards)].statuses.push(st);
     }
     let first = &mut parts[0];
-    let Commit { writes, events, applied, released, gov_applied, keys_added, delivered, .. } = commit;
+    // Every field named: a new one must be placed here.
+    let Commit { writes, events, applied, released, gov_applied, keys_added, delivered, number: _, folds: _, records: _ } = commit;
     first.commit = Commit { writes, events, applied, released, gov_applied, keys_added, delivered, ..std::mem::take(&mut first.commit) };
     first.conns = conns;
     parts
