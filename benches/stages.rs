@@ -300,7 +300,7 @@ fn fold_shards(c: &mut Criterion) {
                     let p = dagfold::pipeline::Pipeline::start(cfg, Engine::new(Config::default(), node()), store, rx, Box::new(|_| {}));
                     for f in frames {
                         let work = match decode_frame(f).unwrap() {
-                            Decoded::Op { id, op, bytes } => dagfold::pipeline::Work::Op { id, op, bytes, conn: 1, host: None, authored: None },
+                            Decoded::Op { id, op, bytes } => dagfold::pipeline::Work::Op { id, op, bytes, conn: 1, host: None },
                             Decoded::Key(kd) => dagfold::pipeline::Work::Key { kd, host: None },
                         };
                         tx.blocking_send(work).unwrap();
