@@ -197,9 +197,11 @@ const COMMIT_SLOTS: usize = 2;
 /// least one. The fold is ~23% of the node's CPU per op (4.65 of 19.9 µs,
 /// ARCHITECTURE.md, "Cost per stage"), so with a shard per four cores its
 /// cap (cores / 4 / 4.65 µs) stays above what all the cores verify, order
-/// and write (cores / 19.9 µs); on this 2-core machine that is one shard,
-/// where a second only adds a thread switch per commit
-/// (docs/PERFORMANCE.md, 2026-12-05).
+/// and write (cores / 19.9 µs). On this 2-core machine that is one shard:
+/// the verifiers take both cores, and the whole pipeline over 128 scopes
+/// ran at 58.5–60.5k ops/s with one shard, 57.6–60.9k with two
+/// (`cargo bench --bench stages -- "pipeline, fold shards"`,
+/// docs/PERFORMANCE.md, 2026-12-05).
 pub fn projector_shards_default() -> usize {
     (machine_cores() / 4).clamp(1, crate::limits::PROJECTOR_SHARDS_MAX)
 }
