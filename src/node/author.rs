@@ -165,8 +165,8 @@ impl Author {
         let root = d.root.expect("a data draft has its root");
         plain[..32].copy_from_slice(&root);
         let (id, op, bytes) = self.compose(&d, PLANE_DATA, &plain);
+        // Answered once its commit is durable.
         let done = self.submit(id, op, bytes, Some(plain)).await?;
-        self.durable(done.commit).await?;
         let first_event_seq = has_events.then_some(done.event_seq + 1);
         Ok(Written { scope, op: id, root: Some(root), first_event_seq, key_id: None })
     }
@@ -198,8 +198,7 @@ impl Author {
         }
         let plain = encode(&GovPayload { actions: vec![GovAction::SetRole { member, role }] });
         let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
-        let done = self.submit(id, op, bytes, Some(plain)).await?;
-        self.durable(done.commit).await?;
+        self.submit(id, op, bytes, Some(plain)).await?;
         Ok(Written { scope, op: id, root: None, first_event_seq: None, key_id: None })
     }
 
