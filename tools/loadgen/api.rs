@@ -140,6 +140,7 @@ pub fn api(args: ApiArgs) -> anyhow::Result<Value> {
     }
     let base_applied = status(args.api, &ta).and_then(|s| s["applied"].as_u64()).unwrap_or(0);
     let cpu0 = (args.node_pid.and_then(crate::cpu_seconds), args.peer_pid.and_then(crate::cpu_seconds));
+    let clients_cpu0 = crate::cpu_seconds(std::process::id());
     let next = Arc::new(AtomicUsize::new(0));
     let value = "v".repeat(args.value_bytes);
     let started = Instant::now();
@@ -185,6 +186,12 @@ pub fn api(args: ApiArgs) -> anyhow::Result<Value> {
     lat.sort_by(|x, y| x.total_cmp(y));
     let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0.0);
     let cores = |pid: Option<u32>, before: Option<f64>, secs: f64| Some((crate::cpu_seconds(pid?)? - before?) / secs);
+    // Every party's CPU per write, from the first write until node B
+    // applied the last: the three share the machine's cores.
+    let per_write = |pid: Option<u32>, before: Option<f64>| Some((crate::cpu_seconds(pid?)? - before?) * 1e6 / args.ops as f64);
+    let (node_us, peer_us, clients_us) =
+        (per_write(args.node_pid, cpu0.0), per_write(args.peer_pid, cpu0.1), per_write(Some(std::process::id()), clients_cpu0));
+    let all_us = node_us.zip(peer_us).zip(clients_us).map(|((a, b), c)| a + b + c);
     Ok(json!({
         "name": args.name,
         "ops": args.ops,
@@ -197,6 +204,7 @@ pub fn api(args: ApiArgs) -> anyhow::Result<Value> {
         "roots_equal": roots_equal,
         "node_cpu_cores": cores(args.node_pid, cpu0.0, authored_s),
         "peer_cpu_cores": cores(args.peer_pid, cpu0.1, b_s),
+        "cpu_us_per_write": { "node": node_us, "peer": peer_us, "clients": clients_us, "all": all_us },
         "peak_rss_bytes": args.node_pid.and_then(|p| crate::proc_status_kb(p, "VmHWM")).map(|k| k * 1024),
     }))
 }
