@@ -59,9 +59,7 @@ pub(super) fn run<S: Store>(
             }
         }
         if shared.refusing.load(Ordering::Relaxed) {
-            // Never durable: their writers hear the store refuses.
-            group.clear();
-            shared.answers.lock().unwrap().clear();
+            never_written(&mut group, &shared);
             continue;
         }
         let t = Instant::now();
@@ -71,8 +69,7 @@ pub(super) fn run<S: Store>(
         if let Err(e) = write_group(&mut store, &mut group, sync) {
             counter!("dagfold_store_write_failures_total").increment(1);
             let _ = shared.refuse("store write", &e);
-            group.clear();
-            shared.answers.lock().unwrap().clear();
+            never_written(&mut group, &shared);
             continue;
         }
         histogram!("dagfold_commit_seconds").record(t.elapsed().as_secs_f64());
@@ -81,6 +78,14 @@ pub(super) fn run<S: Store>(
             published(c, &shared, applied_bytes, &mut on_durable);
         }
     }
+}
+
+/// Commits that will never be written (the store refuses): dropped, and
+/// the answers waiting on them with them, so their writers hear the store
+/// refuses.
+fn never_written(group: &mut Vec<ToCommit>, shared: &PipelineState) {
+    group.clear();
+    shared.answers.lock().unwrap().clear();
 }
 
 /// The bytes of each table's files and memtables, as gauges.
@@ -95,7 +100,6 @@ fn publish_table_bytes<S: Store>(store: &S) {
 /// no writes: an in-memory key wait is only published).
 fn write_group<S: Store>(store: &mut S, group: &mut [ToCommit], sync: bool) -> Result<(), crate::store::StoreError> {
     match group {
-        [] => Ok(()),
         [(c, ..)] if c.writes.is_empty() => Ok(()),
         [(c, ..)] => store.write(&c.writes, sync),
         _ => {
