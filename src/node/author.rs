@@ -2,16 +2,20 @@
 //! deliveries authored by the node's identity, each received through the
 //! same path as any op from the network.
 //!
-//! A write asks the orderer for a draft (`pipeline::DraftRequest`: parents,
-//! cut, hlc, key, and for a data op the root with its actions folded),
-//! composes and signs the op here, on the network runtime's threads, sends
-//! it to the orderer (`Work::Own`: the stages before it would only find
-//! the node's own signature valid and open the payload it sealed), where
-//! the engine judges it like a received op, and is answered once its commit
-//! is durable. An op the path
-//! drops is answered `Rejected` with the SPEC §6 reason; nothing of it is
-//! kept. Callers run each write in a task of its own (`spawn`), so that a
-//! client that goes away mid-write never leaves a draft out.
+//! A governance write asks the orderer for a draft (`pipeline::
+//! DraftRequest::Governance`: parents, cut, hlc, key, the members and
+//! keys), composes and signs the op here, on the network runtime's
+//! threads, and sends it to the orderer (`Work::Own`: the stages before it
+//! would only find the node's own signature valid and open the payload it
+//! sealed). A data write sends its payload with the request (`DraftRequest
+//! ::Data`): the pipeline drafts it, computes its root, composes and signs
+//! it, with no trip back here (`pipeline::author`). Either way the engine
+//! judges the op like a received one, and the write is answered once its
+//! commit is durable. An op the path drops is answered `Rejected` with the
+//! SPEC §6 reason; nothing of it is kept. Callers run each write in a task
+//! of its own (`spawn`), so that a client that goes away mid-write never
+//! leaves a draft out, and holds its place among the writes in progress
+//! until it is answered.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,10 +25,10 @@ use tokio::sync::{oneshot, Semaphore};
 
 use crate::core::{DraftRefused, Identity, Outcome};
 use crate::limits::OP_PAYLOAD_BYTES_MAX;
-use crate::pipeline::{Authored, DraftRequest, Drafted, PipelineState, Work};
-use crate::protocol::crypto::{encode_op, key_id_of, seal_key_delivery, seal_payload};
+use crate::pipeline::{Authored, DraftRequest, Drafted, OwnOp, PipelineState, Work};
+use crate::protocol::crypto::{key_id_of, seal_key_delivery, seal_payload};
 use crate::protocol::{
-    encode, Action, DataPayload, Event, GovAction, GovPayload, Hash, KeyDelivery, Op, PublicKey, Role, PLANE_DATA,
+    encode, Action, DataPayload, Event, GovAction, GovPayload, Hash, KeyDelivery, Op, PublicKey, Role,
     PLANE_GOVERNANCE, ZERO,
 };
 
@@ -151,9 +155,9 @@ impl Author {
     pub async fn write(self: Arc<Self>, scope: Hash, actions: Vec<Action>, events: Vec<Event>) -> Result<Written, WriteError> {
         let has_events = !events.is_empty();
         // Encoded once: the root, its first field (borsh, in order), is set
-        // in place once the draft gives it.
-        // The actions go to the draft too (the projector folds them for the root).
-        let mut plain = encode(&DataPayload { root_hash: ZERO, actions: actions.clone(), events });
+        // in place by the projector. The actions go separately too (the
+        // projector folds them for the root).
+        let plain = encode(&DataPayload { root_hash: ZERO, actions: actions.clone(), events });
         // SPEC §7's payload limit, with the tag.
         if plain.len() + TAG_BYTES > OP_PAYLOAD_BYTES_MAX as usize {
             return Err(WriteError::TooLarge(format!(
@@ -161,26 +165,24 @@ impl Author {
                 plain.len() + TAG_BYTES
             )));
         }
-        let d = self.draft(scope, PLANE_DATA, actions).await?;
-        let root = d.root.expect("a data draft has its root");
-        plain[..32].copy_from_slice(&root);
-        let (id, op, bytes) = self.compose(&d, PLANE_DATA, &plain);
+        let (tx, rx) = oneshot::channel();
+        self.direct(Work::Draft(DraftRequest::Data { scope, actions, plain, reply: tx }))?;
         // Answered once its commit is durable.
-        let done = self.submit(id, op, bytes, Some(plain)).await?;
+        let done = self.judged(rx).await??;
         let first_event_seq = has_events.then_some(done.event_seq + 1);
-        Ok(Written { scope, op: id, root: Some(root), first_event_seq, key_id: None })
+        Ok(Written { scope, op: done.id, root: done.root, first_event_seq, key_id: None })
     }
 
     /// `AddMember`, then every key of the keyring delivered to the member.
     pub async fn add_member(self: Arc<Self>, scope: Hash, member: PublicKey, kem: [u8; 32], role: Role) -> Result<Written, WriteError> {
-        let d = self.draft(scope, PLANE_GOVERNANCE, vec![]).await?;
+        let d = self.draft(scope).await?;
         if d.draft.governance.role(&member).is_some() {
             return self
                 .release(d, WriteError::Conflict("already a member; change its role with PUT …/members/{public_key}".into()))
                 .await;
         }
         let plain = encode(&GovPayload { actions: vec![GovAction::AddMember { member, role, kem }] });
-        let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
+        let (id, op, bytes) = self.compose(&d, &plain);
         let done = self.submit(id, op, bytes, Some(plain)).await?;
         let mut last = done.commit;
         for key in &d.draft.keyring {
@@ -192,12 +194,12 @@ impl Author {
 
     /// `SetRole` of a member.
     pub async fn set_role(self: Arc<Self>, scope: Hash, member: PublicKey, role: Role) -> Result<Written, WriteError> {
-        let d = self.draft(scope, PLANE_GOVERNANCE, vec![]).await?;
+        let d = self.draft(scope).await?;
         if d.draft.governance.role(&member).is_none() {
             return self.release(d, WriteError::NotFound("not a member of the scope".into())).await;
         }
         let plain = encode(&GovPayload { actions: vec![GovAction::SetRole { member, role }] });
-        let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
+        let (id, op, bytes) = self.compose(&d, &plain);
         self.submit(id, op, bytes, Some(plain)).await?;
         Ok(Written { scope, op: id, root: None, first_event_seq: None, key_id: None })
     }
@@ -205,7 +207,7 @@ impl Author {
     /// `[RemoveMember, RotateKey(new)]` in one op, then the new key to every
     /// remaining member (`member` = None: a rotation alone).
     pub async fn remove_or_rotate(self: Arc<Self>, scope: Hash, member: Option<PublicKey>) -> Result<Written, WriteError> {
-        let d = self.draft(scope, PLANE_GOVERNANCE, vec![]).await?;
+        let d = self.draft(scope).await?;
         let mut actions = Vec::new();
         if let Some(m) = member {
             if d.draft.governance.role(&m).is_none() {
@@ -222,7 +224,7 @@ impl Author {
         // The key first: ops built on the rotation need it.
         let mut last = self.deliver(self.to_self(scope, &key)).await?;
         let plain = encode(&GovPayload { actions });
-        let (id, op, bytes) = self.compose(&d, PLANE_GOVERNANCE, &plain);
+        let (id, op, bytes) = self.compose(&d, &plain);
         let done = self.submit(id, op, bytes, Some(plain)).await?;
         last = last.max(done.commit);
         let mut members: Vec<(&PublicKey, &[u8; 32])> = d.draft.governance.kem.iter().collect();
@@ -255,9 +257,10 @@ impl Author {
         })
     }
 
-    async fn draft(&self, scope: Hash, plane: u8, actions: Vec<Action>) -> Result<Drafted, WriteError> {
+    /// A governance draft.
+    async fn draft(&self, scope: Hash) -> Result<Drafted, WriteError> {
         let (tx, rx) = oneshot::channel();
-        self.direct(Work::Draft(DraftRequest { scope, plane, actions, reply: tx }))?;
+        self.direct(Work::Draft(DraftRequest::Governance { scope, reply: tx }))?;
         Ok(rx.await.map_err(|_| stopped())??)
     }
 
@@ -270,7 +273,8 @@ impl Author {
         Err(e)
     }
 
-    fn compose(&self, d: &Drafted, plane: u8, plain: &[u8]) -> (Hash, Op, Vec<u8>) {
+    fn compose(&self, d: &Drafted, plain: &[u8]) -> (Hash, Op, Vec<u8>) {
+        let plane = PLANE_GOVERNANCE;
         let mut nonce = [0u8; 12];
         rand::rngs::OsRng.fill_bytes(&mut nonce);
         let scope = d.draft.scope;
@@ -291,23 +295,9 @@ impl Author {
         (id, op, bytes)
     }
 
-    /// Signs `op` in place; its encoding (the signature is its last 64
-    /// bytes, SPEC §3) and id.
-    ///
-    /// The signature is made here, by the node's own key, over this id: the
-    /// verifiers take it as a copy of an op found valid (`(id, signature)`
-    /// in their cache) rather than check it again. Checking it cost a
-    /// verification per write in batches of one or two (the writer waits),
-    /// ~11% of the node's CPU under `tools/bench api_writes`
-    /// (docs/PERFORMANCE.md); a peer still verifies it.
+    /// Signs `op` in place; its encoding and id (`pipeline::author::sign`).
     fn sign(&self, op: &mut Op) -> (Vec<u8>, Hash) {
-        op.signature = [0; 64];
-        let (mut bytes, id) = encode_op(op);
-        op.signature = self.signer.sign(&id);
-        let at = bytes.len() - 64;
-        bytes[at..].copy_from_slice(&op.signature);
-        self.pipeline.verified.record(std::iter::once((&id, &op.signature)));
-        (bytes, id)
+        crate::pipeline::sign(&self.signer, &self.pipeline.verified, op)
     }
 
     fn seal(&self, scope: Hash, key: &[u8; 32], to: PublicKey, kem: &[u8; 32]) -> KeyDelivery {
@@ -330,12 +320,19 @@ impl Author {
     /// applied.
     async fn submit(&self, id: Hash, op: Op, bytes: Vec<u8>, plain: Option<Vec<u8>>) -> Result<Authored, WriteError> {
         let (tx, rx) = oneshot::channel();
-        self.direct(Work::Own { id, op, bytes, plain, reply: tx })?;
+        self.direct(Work::Own(vec![OwnOp { id, op, bytes, plain, reply: tx }]))?;
+        Ok(self.judged(rx).await??)
+    }
+
+    /// What the receive path made of an authored op: the op applied and
+    /// durable, or why not.
+    async fn judged(&self, rx: oneshot::Receiver<Result<Authored, DraftRefused>>) -> Result<Result<Authored, DraftRefused>, WriteError> {
         // Dropped unanswered: the store refused the commit, or the node
         // stops.
         let done = rx.await.map_err(|_| self.unanswered())?;
+        let Ok(done) = done else { return Ok(done) };
         match done.outcome {
-            Outcome::Applied => Ok(done),
+            Outcome::Applied => Ok(Ok(done)),
             Outcome::Dropped(reason) => Err(WriteError::Rejected(reason.name().to_string())),
             other => Err(WriteError::Rejected(format!("{other:?}"))),
         }

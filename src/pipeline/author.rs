@@ -1,8 +1,12 @@
-//! The orderer's share of authoring (API.md, "Model"): it hands out drafts
-//! (`core::Draft`: parents, cut, hlc, key) against the state it holds, in
-//! the same commits as received ops, so that many writers never wait on a
-//! lock around the whole path; the projector adds each data draft's root at
-//! the point of the commit where it was taken (`RootRequest`).
+//! The pipeline's share of authoring (API.md, "Model"): the orderer hands
+//! out drafts (`core::Draft`: parents, cut, hlc, key) against the state it
+//! holds, in the same commits as received ops, so that many writers never
+//! wait on a lock around the whole path. A data draft goes on with its
+//! commit to the projector, which computes its root at the point of the
+//! commit where it was taken (`RootRequest`), then composes, seals and
+//! signs the op (`Composer`) and sends the commit's ops back to the
+//! orderer in one message: a data write costs the API's task one request
+//! and one answer, and the orderer one wake-up per commit for all of them.
 //!
 //! Per scope, drafts out at once are bounded: a draft's op names the heads
 //! it saw, and the ops out at once become heads side by side until a later
@@ -44,14 +48,108 @@ struct ScopeDrafts {
 }
 
 /// A data draft whose root the projector computes: the scope's root with
-/// `actions` folded, once the first `at` folds of the commit are folded.
+/// `actions` folded, once the first `at` folds of the commit are folded;
+/// the op is then composed with it (`Composer`).
 pub(super) struct RootRequest {
     pub(super) at: usize,
     pub(super) hlc: u64,
-    pub(super) author: crate::protocol::PublicKey,
     pub(super) actions: Vec<crate::protocol::Action>,
     pub(super) draft: crate::core::Draft,
-    pub(super) reply: tokio::sync::oneshot::Sender<Result<Drafted, DraftRefused>>,
+    /// The payload's encoding, its root (the first 32 bytes) zero.
+    pub(super) plain: Vec<u8>,
+    pub(super) reply: super::AuthoredReply,
+}
+
+/// Composes, seals and signs the node's data ops on a projector shard, and
+/// sends them back to the orderer (`Work::Own`).
+pub(super) struct Composer {
+    pub(super) author: crate::protocol::PublicKey,
+    pub(super) signer: crate::protocol::sig::Signer,
+    /// The verifiers' cache: the node's fresh signatures go in it, so a
+    /// copy of the op echoed back by a peer is not verified again.
+    pub(super) verified: std::sync::Arc<super::verified::VerifiedCache>,
+    pub(super) orderer: crossbeam_channel::Sender<super::Work>,
+}
+
+impl Composer {
+    /// A composer for a fold stage without an orderer (`shards::
+    /// fold_stage`), whose commits carry no drafts: a throwaway key, its
+    /// ops sent nowhere.
+    #[cfg(feature = "testkit")]
+    pub(super) fn detached() -> Composer {
+        let seed = [7; 32];
+        Composer {
+            author: crate::protocol::sig::public_key_from_seed(&seed),
+            signer: crate::protocol::sig::Signer::new(&seed),
+            verified: std::sync::Arc::new(super::verified::VerifiedCache::new(16)),
+            orderer: crossbeam_channel::bounded(1).0,
+        }
+    }
+
+    /// The op of `r`, carrying `root`.
+    pub(super) fn compose(&self, r: RootRequest, root: Hash) -> super::OwnOp {
+        use rand::RngCore;
+        let RootRequest { hlc, draft, mut plain, reply, .. } = r;
+        plain[..32].copy_from_slice(&root);
+        // A fresh random nonce per op (SPEC §4), from the thread's CSPRNG.
+        let mut nonce = [0u8; 12];
+        rand::thread_rng().fill_bytes(&mut nonce);
+        let scope = draft.scope;
+        let mut op = crate::protocol::Op {
+            version: 1,
+            scope,
+            plane: PLANE_DATA,
+            author: self.author,
+            parents: draft.parents,
+            cut: draft.cut,
+            hlc,
+            key_id: draft.key_id,
+            nonce,
+            payload: crate::protocol::crypto::seal_payload(&draft.key, &nonce, &scope, PLANE_DATA, &plain),
+            signature: [0; 64],
+        };
+        let (bytes, id) = sign(&self.signer, &self.verified, &mut op);
+        super::OwnOp { id, op, bytes, plain: Some(plain), reply }
+    }
+
+    /// Sends a commit's composed ops to the orderer. Its direct queue
+    /// holds at most one item per write in progress (`node::author::
+    /// WRITES_IN_PROGRESS_MAX`, half its size), so it has room; were it
+    /// full or closed (the node stopping), the writes are answered busy or
+    /// not at all, and their drafts' turns come back by `DRAFT_RETURN_MS`.
+    pub(super) fn send(&self, ops: Vec<super::OwnOp>) {
+        if ops.is_empty() {
+            return;
+        }
+        if let Err(crossbeam_channel::TrySendError::Full(super::Work::Own(ops))) = self.orderer.try_send(super::Work::Own(ops)) {
+            for o in ops {
+                let _ = o.reply.send(Err(DraftRefused::Busy));
+            }
+        }
+    }
+}
+
+/// Signs `op` in place with the node's key; its encoding (the signature is
+/// its last 64 bytes, SPEC §3) and id.
+///
+/// The signature is made by the node's own key over this id: the verifiers
+/// take it as a copy of an op found valid (`(id, signature)` in their
+/// cache) rather than check it again. Checking it cost a verification per
+/// write in batches of one or two (the writer waits), ~11% of the node's
+/// CPU under `tools/bench api_writes` (docs/PERFORMANCE.md); a peer still
+/// verifies it.
+pub(crate) fn sign(
+    signer: &crate::protocol::sig::Signer,
+    verified: &super::verified::VerifiedCache,
+    op: &mut crate::protocol::Op,
+) -> (Vec<u8>, Hash) {
+    op.signature = [0; 64];
+    let (mut bytes, id) = crate::protocol::crypto::encode_op(op);
+    op.signature = signer.sign(&id);
+    let at = bytes.len() - 64;
+    bytes[at..].copy_from_slice(&op.signature);
+    verified.record(std::iter::once((&id, &op.signature)));
+    (bytes, id)
 }
 
 #[derive(Default)]
@@ -71,12 +169,12 @@ pub(super) struct Authoring {
 impl Authoring {
     /// A request: drafted now if its scope has room, else queued.
     pub(super) fn request(&mut self, engine: &mut Engine, req: DraftRequest, now_ms: u64) {
-        let s = self.scopes.entry(req.scope).or_default();
-        let room = if req.plane == PLANE_DATA { s.data_out < DRAFTS_OUT_PER_SCOPE_MAX } else { !s.gov_out };
+        let s = self.scopes.entry(*req.scope()).or_default();
+        let room = if req.plane() == PLANE_DATA { s.data_out < DRAFTS_OUT_PER_SCOPE_MAX } else { !s.gov_out };
         if room && s.waiting.is_empty() {
             self.draft(engine, req, now_ms);
         } else if self.waiting >= DRAFTS_WAITING_MAX {
-            let _ = req.reply.send(Err(DraftRefused::Busy));
+            req.refuse(DraftRefused::Busy);
         } else {
             s.waiting.push_back(req);
             self.waiting += 1;
@@ -121,7 +219,7 @@ impl Authoring {
             let Some(s) = self.scopes.get_mut(&scope) else { return };
             let room = match s.waiting.front() {
                 None => return,
-                Some(r) if r.plane == PLANE_DATA => s.data_out < DRAFTS_OUT_PER_SCOPE_MAX,
+                Some(r) if r.plane() == PLANE_DATA => s.data_out < DRAFTS_OUT_PER_SCOPE_MAX,
                 Some(_) => !s.gov_out,
             };
             if !room {
@@ -134,23 +232,100 @@ impl Authoring {
     }
 
     fn draft(&mut self, engine: &mut Engine, req: DraftRequest, now_ms: u64) {
-        let draft = match engine.draft(&req.scope, req.plane) {
+        let draft = match engine.draft(req.scope(), req.plane()) {
             Ok(d) => d,
             Err(e) => {
-                let _ = req.reply.send(Err(e));
+                req.refuse(e);
                 return;
             }
         };
-        let s = self.scopes.entry(req.scope).or_default();
+        let s = self.scopes.entry(draft.scope).or_default();
         s.last = Some(Instant::now());
         let hlc = now_ms.max(draft.hlc_min);
-        if req.plane == PLANE_DATA {
-            s.data_out += 1;
-            let (at, author) = (engine.folds_in_commit(), engine.identity().public_key);
-            self.roots.push(RootRequest { at, hlc, author, actions: req.actions, draft, reply: req.reply });
-        } else {
-            // A requester gone frees the scope's turn at once.
-            s.gov_out = req.reply.send(Ok(Drafted { draft, hlc, root: None })).is_ok();
+        match req {
+            DraftRequest::Data { actions, plain, reply, .. } => {
+                s.data_out += 1;
+                let at = engine.folds_in_commit();
+                self.roots.push(RootRequest { at, hlc, actions, draft, plain, reply });
+            }
+            DraftRequest::Governance { reply, .. } => {
+                // A requester gone frees the scope's turn at once.
+                s.gov_out = reply.send(Ok(Drafted { draft, hlc })).is_ok();
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::crypto::{encode_op, open_payload};
+    use crate::protocol::sig;
+
+    fn request(scope: Hash, plain: Vec<u8>) -> (RootRequest, tokio::sync::oneshot::Receiver<Result<super::super::Authored, DraftRefused>>) {
+        let draft = crate::core::Draft {
+            scope,
+            plane: PLANE_DATA,
+            parents: vec![[3; 32]],
+            cut: vec![[4; 32]],
+            hlc_min: 0,
+            key: [5; 32],
+            key_id: [6; 32],
+            governance: Default::default(),
+            keyring: vec![],
+        };
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        (RootRequest { at: 0, hlc: 77, actions: vec![], draft, plain, reply }, rx)
+    }
+
+    #[test]
+    fn a_composed_op_carries_its_root_sealed_and_signed_and_goes_back_with_its_commits_others() {
+        let seed = [9; 32];
+        let (orderer, from_projector) = crossbeam_channel::bounded(4);
+        let composer = Composer {
+            author: sig::public_key_from_seed(&seed),
+            signer: sig::Signer::new(&seed),
+            verified: std::sync::Arc::new(super::super::verified::VerifiedCache::new(64)),
+            orderer,
+        };
+        let scope = [1; 32];
+        let plain: Vec<u8> = (0..50u8).collect();
+        let (r1, _rx1) = request(scope, plain.clone());
+        let (r2, _rx2) = request(scope, plain.clone());
+        let ops = vec![composer.compose(r1, [8; 32]), composer.compose(r2, [2; 32])];
+        composer.send(ops);
+        let Ok(super::super::Work::Own(ops)) = from_projector.try_recv() else { panic!("one message with the commit's ops") };
+        assert!(from_projector.try_recv().is_err(), "one message for both");
+        assert_eq!(ops.len(), 2);
+        assert_ne!(ops[0].op.nonce, ops[1].op.nonce, "a fresh nonce per op");
+        for (o, root) in ops.iter().zip([[8u8; 32], [2; 32]]) {
+            let mut want = plain.clone();
+            want[..32].copy_from_slice(&root);
+            assert_eq!(o.plain.as_deref(), Some(&want[..]), "the root is the payload's first field");
+            let opened = open_payload(&[5; 32], &o.op.nonce, &scope, PLANE_DATA, &o.op.payload);
+            assert_eq!(opened.as_deref(), Some(&want[..]), "sealed with the draft's key");
+            assert_eq!((o.op.scope, o.op.plane, o.op.hlc), (scope, PLANE_DATA, 77));
+            assert_eq!((o.op.parents.clone(), o.op.cut.clone(), o.op.key_id), (vec![[3; 32]], vec![[4; 32]], [6; 32]));
+            let (bytes, id) = encode_op(&o.op);
+            assert_eq!((&bytes, id), (&o.bytes, o.id), "the bytes and id of the op as signed");
+            assert!(sig::verify(&composer.author, &o.id, &o.op.signature));
+            assert_eq!(composer.verified.known_valid(std::iter::once((&o.id, &o.op.signature))), [true]);
+        }
+    }
+
+    #[test]
+    fn composed_ops_the_orderer_cannot_take_are_answered_busy() {
+        let seed = [9; 32];
+        let (orderer, _from_projector) = crossbeam_channel::bounded(1);
+        orderer.try_send(super::super::Work::Malformed).unwrap();
+        let composer = Composer {
+            author: sig::public_key_from_seed(&seed),
+            signer: sig::Signer::new(&seed),
+            verified: std::sync::Arc::new(super::super::verified::VerifiedCache::new(64)),
+            orderer,
+        };
+        let (r, mut rx) = request([1; 32], vec![0; 40]);
+        composer.send(vec![composer.compose(r, [8; 32])]);
+        assert!(matches!(rx.try_recv(), Ok(Err(DraftRefused::Busy))));
     }
 }

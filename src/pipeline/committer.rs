@@ -180,7 +180,7 @@ fn answer_own_ops(shared: &PipelineState, number: u64) {
         }
     }
     for (reply, answer) in due {
-        let _ = reply.send(answer);
+        let _ = reply.send(Ok(answer));
     }
 }
 

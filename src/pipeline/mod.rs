@@ -66,6 +66,7 @@ use crate::store::Store;
 
 #[cfg(feature = "testkit")]
 pub use shards::fold_stage;
+pub(crate) use author::sign;
 
 /// The connection a message came in on: a transport connection id, 0 for
 /// local.
@@ -78,19 +79,20 @@ pub enum Work {
     /// over the server (its IPv4 address or IPv6 /64, `net::fair::origin_of`),
     /// whose turn the node weighs by what its ops come to.
     Op { id: Hash, op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr> },
-    /// An op the node authored for its API (`node::author`), sent to the
+    /// Ops the node authored for its API (`node::author`), sent to the
     /// orderer directly (`PipelineState::direct`) and judged by the engine
-    /// like any other. What the stages before the orderer would compute is
-    /// known from its making: its signature is the node's own, made a
-    /// moment ago over this id (as the verifiers' cache takes it), and
-    /// `plain` is the payload it sealed (the decryptor's result; none for a
-    /// genesis, which is not sealed); the
-    /// authorization at its cut the engine computes. Skipping those four
-    /// thread hand-offs and the batcher's linger was ~30% of a write's
-    /// CPU and latency (`tools/bench api_writes`, docs/PERFORMANCE.md).
-    /// `reply` gets the outcome: a drop at once, an applied op once its
-    /// commit is durable (`PipelineState::answers`).
-    Own { id: Hash, op: Op, bytes: Vec<u8>, plain: Option<Vec<u8>>, reply: AuthoredReply },
+    /// like any other: a governance op or genesis one at a time, by the
+    /// API's task that composed it; data ops together, composed and signed
+    /// by a projector shard once it computed their roots (`DraftRequest::
+    /// Data`), one message per commit. What the stages before the orderer
+    /// would compute is known from their making: each signature is the
+    /// node's own, made a moment ago over its id (as the verifiers' cache
+    /// takes it), and `plain` is the payload it sealed (the decryptor's
+    /// result; none for a genesis, which is not sealed); the authorization
+    /// at its cut the engine computes. Skipping those four thread
+    /// hand-offs and the batcher's linger was ~30% of a write's CPU and
+    /// latency (`tools/bench api_writes`, docs/PERFORMANCE.md).
+    Own(Vec<OwnOp>),
     /// `host` as for an op: a delivery costs the orderer an X25519 and an
     /// AEAD pass over up to a frame, so it counts in its host's turn too.
     Key { kd: KeyDelivery, host: Option<std::net::IpAddr> },
@@ -115,12 +117,27 @@ pub enum Work {
     Heads { peer: std::net::SocketAddr, origin: u64, scope: Hash, heads: Vec<Hash>, root: Hash },
 }
 
-/// Where the outcome of an authored op goes.
-pub type AuthoredReply = tokio::sync::oneshot::Sender<Authored>;
+/// Where the outcome of an authored op goes: a drop at once, an applied
+/// op once its commit is durable (`PipelineState::answers`); a data write
+/// whose draft was refused (unknown scope, no right) gets the refusal.
+pub type AuthoredReply = tokio::sync::oneshot::Sender<Result<Authored, crate::core::DraftRefused>>;
+
+/// An op the node authored, signed (`Work::Own`).
+#[derive(Debug)]
+pub struct OwnOp {
+    pub id: Hash,
+    pub op: Op,
+    pub bytes: Vec<u8>,
+    pub plain: Option<Vec<u8>>,
+    pub reply: AuthoredReply,
+}
 
 /// What the receive path made of an op the node authored.
 #[derive(Debug)]
 pub struct Authored {
+    pub id: Hash,
+    /// The scope root a data op carries.
+    pub root: Option<Hash>,
     pub outcome: crate::core::Outcome,
     /// The commit that holds it, durable when an applied op is answered.
     pub commit: u64,
@@ -130,24 +147,63 @@ pub struct Authored {
     pub event_seq: u64,
 }
 
-/// A request for the state to author an op on (`core::Draft`). A data op's
-/// `root_hash` is computed by the projector at the point of the commit
-/// where the draft was taken (its `actions` folded onto the scope then).
+/// A request for the state to author an op on (`core::Draft`).
 #[derive(Debug)]
-pub struct DraftRequest {
-    pub scope: Hash,
-    pub plane: u8,
-    pub actions: Vec<crate::protocol::Action>,
-    pub reply: tokio::sync::oneshot::Sender<Result<Drafted, crate::core::DraftRefused>>,
+pub enum DraftRequest {
+    /// A governance op: the draft goes back to the API's task, which
+    /// composes the op against the members and keys it shows.
+    Governance { scope: Hash, reply: tokio::sync::oneshot::Sender<Result<Drafted, crate::core::DraftRefused>> },
+    /// A data op, composed without a further trip through the API's task:
+    /// the projector computes its `root_hash` at the point of the commit
+    /// where the draft was taken (`actions` folded onto the scope then),
+    /// sets it as the first 32 bytes of `plain` (the payload's encoding),
+    /// seals and signs it, and sends it back to the orderer (`Work::Own`),
+    /// whose verdict goes to `reply`.
+    Data { scope: Hash, actions: Vec<crate::protocol::Action>, plain: Vec<u8>, reply: AuthoredReply },
 }
 
-/// A draft with its `hlc` (the orderer's wall clock or later) and, for a
-/// data op, the root it must carry.
+impl DraftRequest {
+    pub fn scope(&self) -> &Hash {
+        match self {
+            DraftRequest::Governance { scope, .. } | DraftRequest::Data { scope, .. } => scope,
+        }
+    }
+
+    pub fn plane(&self) -> u8 {
+        match self {
+            DraftRequest::Governance { .. } => crate::protocol::PLANE_GOVERNANCE,
+            DraftRequest::Data { .. } => crate::protocol::PLANE_DATA,
+        }
+    }
+
+    /// Answers the request with a refusal.
+    pub(crate) fn refuse(self, e: crate::core::DraftRefused) {
+        match self {
+            DraftRequest::Governance { reply, .. } => {
+                let _ = reply.send(Err(e));
+            }
+            DraftRequest::Data { reply, .. } => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    /// What it holds, for the orderer's byte budget.
+    fn bytes(&self) -> u64 {
+        match self {
+            DraftRequest::Governance { .. } => 256,
+            DraftRequest::Data { actions, plain, .. } => {
+                actions.iter().map(|a| a.bytes_len() as u64).sum::<u64>() + plain.len() as u64 + 256
+            }
+        }
+    }
+}
+
+/// A governance draft with its `hlc` (the orderer's wall clock or later).
 #[derive(Debug)]
 pub struct Drafted {
     pub draft: crate::core::Draft,
     pub hlc: u64,
-    pub root: Option<Hash>,
 }
 
 struct Item {
@@ -172,7 +228,7 @@ impl Batch {
                 Work::Op { bytes, .. } => 2 * bytes.len() as u64 + i.pre.opened.as_ref().map_or(0, |o| o.as_ref().map_or(0, |p| p.len() as u64)) + 64,
                 // A delivery's sealed key can be a frame's worth (1 MiB).
                 Work::Key { kd, .. } | Work::Deliver { kd, .. } => kd.sealed.len() as u64 + 256,
-                Work::Draft(r) => r.actions.iter().map(|a| a.bytes_len() as u64).sum::<u64>() + 256,
+                Work::Draft(r) => r.bytes(),
                 _ => 256,
             })
             .sum()
@@ -449,6 +505,8 @@ impl Pipeline {
         // From here the engine leaves its folds to the projector shards,
         // each scope's state moved to its shard.
         let projectors = engine.take_projector().split(cfg.projector_shards);
+        // The node's identity, whose data ops the projector shards sign.
+        let identity = engine.identity().clone();
         let q = cfg.stage_queue_batches;
         let (verify_tx, verify_rx) = bounded::<Batch>(q);
         let (auth_tx, auth_rx) = bounded::<Batch>(q);
@@ -501,7 +559,13 @@ impl Pipeline {
         ));
         for (i, (projector, shards::ShardIo { rx, tx })) in projectors.into_iter().zip(shard_io).enumerate() {
             let d = shared.divergences_heartbeat.clone();
-            threads.push(spawn(&format!("dagfold-projector-{i}"), Box::new(move || projector::run(i, projector, rx, tx, d))));
+            let composer = author::Composer {
+                author: identity.public_key,
+                signer: crate::protocol::sig::Signer::new(&identity.seed),
+                verified: verified.clone(),
+                orderer: shared.direct.clone(),
+            };
+            threads.push(spawn(&format!("dagfold-projector-{i}"), Box::new(move || projector::run(i, projector, rx, tx, d, composer))));
         }
         let sh = shared.clone();
         let (sync, applied_bytes) = (cfg.sync, cfg.applied_bytes);

@@ -113,7 +113,7 @@ pub(super) fn run(
                     let mut at = ItemState { conns: &mut conns, hosts: &mut hosts, heartbeats: &mut heartbeats, authoring: &mut authoring };
                     let queued = std::iter::from_fn(|| direct.try_recv().ok()).take(DIRECT_PER_ROUND_MAX - 1);
                     for work in std::iter::once(work).chain(queued) {
-                        items_in_commit += 1;
+                        items_in_commit += if let Work::Own(ops) = &work { ops.len() } else { 1 };
                         handle_item(engine, Item { work, valid: false, pre: Default::default() }, &shared, &mut at);
                     }
                 }
@@ -322,23 +322,11 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
             note_host(hosts, host, outcome == Outcome::KeyAccepted);
             outcome
         }
-        Work::Own { id, op, bytes, plain, reply } => {
-            // A genesis belongs to the scope it names (SPEC §2).
-            let scope = if op.scope == crate::protocol::ZERO { id } else { op.scope };
-            let plane = op.plane;
-            let event_seq = engine.event_seq(&scope);
-            // Signed by the node's own key over `id` (`Work::Own`); the
-            // payload it sealed is `plain`.
-            let pre = crate::core::Prepared { auth: None, opened: plain.map(Some) };
-            let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre }, true, now);
-            let answer = Authored { outcome, commit: engine.commit_number(), event_seq };
-            if outcome == Outcome::Applied {
-                authoring.answers.push((reply, answer));
-            } else {
-                let _ = reply.send(answer);
+        Work::Own(ops) => {
+            for o in ops {
+                count_verdict(judge_own(engine, o, authoring, now));
             }
-            authoring.returned(engine, &scope, plane, now);
-            outcome
+            return;
         }
         Work::Op { id, op, bytes, conn, host } => {
             let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
@@ -372,6 +360,29 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
         }
     };
     count_verdict(outcome);
+}
+
+/// An op the node authored (`Work::Own`), judged; an applied one is
+/// answered once its commit is durable, any other at once.
+fn judge_own(engine: &mut Engine, o: crate::pipeline::OwnOp, authoring: &mut Authoring, now: u64) -> Outcome {
+    let crate::pipeline::OwnOp { id, op, bytes, plain, reply } = o;
+    // A genesis belongs to the scope it names (SPEC §2).
+    let scope = if op.scope == crate::protocol::ZERO { id } else { op.scope };
+    let plane = op.plane;
+    let event_seq = engine.event_seq(&scope);
+    // Signed by the node's own key over `id` (`Work::Own`); the payload it
+    // sealed is `plain`.
+    let root = if plane == crate::protocol::PLANE_DATA { plain.as_ref().and_then(|p| p.get(..32)?.try_into().ok()) } else { None };
+    let pre = crate::core::Prepared { auth: None, opened: plain.map(Some) };
+    let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre }, true, now);
+    let answer = Authored { id, root, outcome, commit: engine.commit_number(), event_seq };
+    if outcome == Outcome::Applied {
+        authoring.answers.push((reply, answer));
+    } else {
+        let _ = reply.send(Ok(answer));
+    }
+    authoring.returned(engine, &scope, plane, now);
+    outcome
 }
 
 /// Counts an op or key delivery in its host's `(useful, total)`.

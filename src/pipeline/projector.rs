@@ -10,7 +10,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 use metrics::{counter, gauge, histogram};
 
-use super::author::RootRequest;
+use super::author::{Composer, RootRequest};
 use super::committer::ToCommit;
 use super::metrics::note_age;
 use super::ConnId;
@@ -44,11 +44,21 @@ pub(super) struct HeartbeatCheck {
 /// cells it changed and the scope records join the commit's writes, the
 /// statuses get their roots, the convergence checks and the heartbeat
 /// comparisons (counted in `heartbeat_divergences`) are made; then the
-/// commit goes on to the committer.
-pub(super) fn run(shard: usize, mut projector: Projector, rx: Receiver<ToProject>, tx: Sender<ToCommit>, heartbeat_divergences: Arc<AtomicU64>) {
+/// commit goes on to the committer, and the node's data ops drafted in it
+/// are composed with their roots and sent back to the orderer (`composer`),
+/// while the committer writes.
+pub(super) fn run(
+    shard: usize,
+    mut projector: Projector,
+    rx: Receiver<ToProject>,
+    tx: Sender<ToCommit>,
+    heartbeat_divergences: Arc<AtomicU64>,
+    composer: Composer,
+) {
     let label = shard.to_string();
     let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "commit", "shard" => label.clone());
     let stage = histogram!("dagfold_stage_seconds", "stage" => "project", "shard" => label.clone());
+    let compose = histogram!("dagfold_stage_seconds", "stage" => "compose", "shard" => label.clone());
     let queue = gauge!("dagfold_queue_batches", "stage" => "commit", "shard" => label);
     // The divergences found over all shards (each adds its own).
     let divergences = gauge!("dagfold_engine_divergences_total");
@@ -63,12 +73,13 @@ pub(super) fn run(shard: usize, mut projector: Projector, rx: Receiver<ToProject
         let folds = std::mem::take(&mut commit.folds);
         let mut heartbeats = heartbeats.into_iter().peekable();
         let mut roots = roots.into_iter().peekable();
+        let mut drafted = Vec::new();
         for (i, fold) in folds.into_iter().enumerate() {
             while let Some(h) = heartbeats.next_if(|h| h.at <= i) {
                 compare_heartbeat(&mut projector, &h, &heartbeat_divergences);
             }
             while let Some(r) = roots.next_if(|r| r.at <= i) {
-                answer_draft(&mut projector, r);
+                drafted.push(draft_root(&mut projector, &composer, r));
             }
             projector.fold(fold);
         }
@@ -76,7 +87,7 @@ pub(super) fn run(shard: usize, mut projector: Projector, rx: Receiver<ToProject
             compare_heartbeat(&mut projector, &h, &heartbeat_divergences);
         }
         for r in roots {
-            answer_draft(&mut projector, r);
+            drafted.push(draft_root(&mut projector, &composer, r));
         }
         projector.finish_commit(&mut commit);
         for st in &mut statuses {
@@ -91,15 +102,20 @@ pub(super) fn run(shard: usize, mut projector: Projector, rx: Receiver<ToProject
             return;
         }
         waited.increment(t_send.elapsed().as_micros() as u64);
+        if !drafted.is_empty() {
+            let t = Instant::now();
+            composer.send(drafted.into_iter().map(|(r, root)| composer.compose(r, root)).collect());
+            compose.record(t.elapsed().as_secs_f64());
+        }
     }
 }
 
 /// A data draft's root: the scope's root at the draft's point with its
 /// actions folded (SPEC §8: the root of the op and its ancestors, the
 /// ancestors being every data op applied then, the heads it names).
-fn answer_draft(projector: &mut Projector, r: RootRequest) {
-    let root = projector.root_after(&r.draft.scope, r.hlc, &r.author, &r.actions);
-    let _ = r.reply.send(Ok(super::Drafted { draft: r.draft, hlc: r.hlc, root: Some(root) }));
+fn draft_root(projector: &mut Projector, composer: &Composer, r: RootRequest) -> (RootRequest, Hash) {
+    let root = projector.root_after(&r.draft.scope, r.hlc, &composer.author, &r.actions);
+    (r, root)
 }
 
 /// SPEC §8 repaired through sync: a peer with our heads and another root.

@@ -183,7 +183,7 @@ pub fn fold_stage(
         };
         for (i, (projector, ShardIo { rx, tx })) in projectors.into_iter().zip(io).enumerate() {
             let d = heartbeat_divergences.clone();
-            spawn(format!("dagfold-projector-{i}"), Box::new(move || super::projector::run(i, projector, rx, tx, d)));
+            spawn(format!("dagfold-projector-{i}"), Box::new(move || super::projector::run(i, projector, rx, tx, d, super::author::Composer::detached())));
         }
         spawn("dagfold-split".into(), Box::new(move || {
             for (commit, statuses) in commits {
@@ -264,7 +264,7 @@ mod tests {
                 keyring: vec![],
             };
             let reply = tokio::sync::oneshot::channel().0;
-            crate::pipeline::author::RootRequest { at, hlc: 0, author: [1; 32], actions: vec![], draft, reply }
+            crate::pipeline::author::RootRequest { at, hlc: 0, actions: vec![], draft, plain: vec![0; 40], reply }
         };
         // A draft of c at the start, of a after the second fold.
         let roots = vec![request(0, c), request(2, a)];
