@@ -238,3 +238,38 @@ fn a_key_rotated_while_a_member_was_away_reaches_it_when_it_comes_back() {
     assert_eq!(items(&a, &ta, &s), items(&b, &tb, &s));
     assert!(b.metric("dagfold_keys_received_on_request_total") >= 1.0);
 }
+
+/// `tools/bench api_writes`' generator keeps working: a short run of
+/// writes through node A's API by 16 clients at once, every one answered,
+/// node B applying them all by gossip, both at the same root.
+#[test]
+fn the_api_writes_workload_runs_and_both_nodes_agree() {
+    let (dir, a, b) = pair();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dagfold-loadgen"))
+        .args(["api", "--api", &a.admin.to_string(), "--peer-api", &b.admin.to_string()])
+        .args(["--token-file", dir.path().join("a/api-token").to_str().unwrap()])
+        .args(["--peer-token-file", dir.path().join("b/api-token").to_str().unwrap()])
+        .args(["--ops", "600", "--clients", "16", "--node-pid", &a.child.id().to_string(), "--peer-pid", &b.child.id().to_string()])
+        .args(["--timeout-s", "120"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((report["ops"].clone(), report["clients"].clone()), (json!(600), json!(16)));
+    assert_eq!(report["roots_equal"], true, "{report}");
+    assert!(report["p99_ms"].as_f64().unwrap() > 0.0, "{report}");
+    // Every party's CPU is read (in /proc's 10 ms ticks: maybe 0 here).
+    assert!(["node", "peer", "clients", "all"].iter().all(|k| report["cpu_us_per_write"][k].as_f64().is_some()), "{report}");
+    // The scope's genesis, B's membership and the 600 writes, on both.
+    let s = report_scope(&a);
+    for n in [&a, &b] {
+        assert!(wait_until(WAIT, || n.scope(&s).is_some_and(|st| st["applied"] == json!(602))), "{}", n.admin);
+    }
+}
+
+/// The one scope `a` holds.
+fn report_scope(a: &NodeProc) -> dagfold::protocol::Hash {
+    let (_, v) = request(a, "GET", "/v1/scopes", Some(&token(a)), None);
+    let s = v["scopes"][0]["scope"].as_str().unwrap_or_else(|| panic!("{v}"));
+    dagfold::protocol::parse_hash_hex(s).unwrap()
+}
