@@ -1,4 +1,4 @@
-//! Signature verification throughput: SPEC §1 (`dagfold::protocol::sig`)
+//! Signing, and signature verification throughput: SPEC §1 (`dagfold::protocol::sig`)
 //! single and batched, against `ed25519_dalek` (cofactorless, not SPEC §1)
 //! and `ed25519_consensus` (cofactored equation, ZIP-215 encodings).
 //!
@@ -53,6 +53,18 @@ fn single(c: &mut Criterion) {
                 .is_ok())
         })
     });
+    g.finish();
+}
+
+/// Signing one op id with the node's key (`sig::Signer`): what the node
+/// pays per op it authors (`pipeline::author::Composer`).
+fn signing(c: &mut Criterion) {
+    let seed = [9u8; 32];
+    let signer = dagfold::protocol::sig::Signer::new(&seed);
+    let msg = [7u8; 32];
+    let mut g = c.benchmark_group("sign");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("dagfold_signer", |b| b.iter(|| signer.sign(black_box(&msg))));
     g.finish();
 }
 
@@ -150,5 +162,5 @@ fn decompress(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single, batch, batch_four_keys, decompress);
+criterion_group!(benches, single, signing, batch, batch_four_keys, decompress);
 criterion_main!(benches);
