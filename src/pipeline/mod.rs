@@ -30,10 +30,17 @@
 //! of order; the authorizer restores the ingest order so that a causally
 //! ordered stream stays causally ordered (no needless pending buffering).
 //!
+//! The node's API writes enter at the orderer (`PipelineState::direct`):
+//! a draft taken there goes with its commit to the projector, which
+//! computes a data op's root at its point, composes, seals and signs it,
+//! and sends the commit's ops back to the orderer in one message
+//! (`author.rs`), where the engine judges them like received ops.
+//!
 //! One file per stage: `batcher.rs`, `verifier.rs`, `authorizer.rs`,
 //! `decryptor.rs`, `orderer.rs` (its decisions by time and counts in
 //! `policy.rs`), `projector.rs` (its shards' split and join in
-//! `shards.rs`), `committer.rs`; beside them the byte budget
+//! `shards.rs`), `committer.rs`; authoring's share (`author.rs`); beside
+//! them the byte budget
 //! of the orderer's queue (`gate.rs`), the cache of signatures found valid
 //! (`verified.rs`) and the pipeline's metrics (`metrics.rs`).
 
