@@ -26,7 +26,7 @@ use tokio::sync::{oneshot, Semaphore};
 use crate::core::{DraftRefused, Identity, Outcome};
 use crate::limits::OP_PAYLOAD_BYTES_MAX;
 use crate::pipeline::{Authored, DraftRequest, Drafted, OwnOp, PipelineState, Work};
-use crate::protocol::crypto::{key_id_of, seal_key_delivery, seal_payload};
+use crate::protocol::crypto::{key_id_of, seal_key_delivery};
 use crate::protocol::{
     encode, Action, DataPayload, Event, GovAction, GovPayload, Hash, KeyDelivery, Op, PublicKey, Role,
     PLANE_GOVERNANCE, ZERO,
@@ -273,26 +273,9 @@ impl Author {
         Err(e)
     }
 
+    /// A governance op of draft `d` (`pipeline::author::compose`).
     fn compose(&self, d: &Drafted, plain: &[u8]) -> (Hash, Op, Vec<u8>) {
-        let plane = PLANE_GOVERNANCE;
-        let mut nonce = [0u8; 12];
-        rand::rngs::OsRng.fill_bytes(&mut nonce);
-        let scope = d.draft.scope;
-        let mut op = Op {
-            version: 1,
-            scope,
-            plane,
-            author: self.identity.public_key,
-            parents: d.draft.parents.clone(),
-            cut: d.draft.cut.clone(),
-            hlc: d.hlc,
-            key_id: d.draft.key_id,
-            nonce,
-            payload: seal_payload(&d.draft.key, &nonce, &scope, plane, plain),
-            signature: [0; 64],
-        };
-        let (bytes, id) = self.sign(&mut op);
-        (id, op, bytes)
+        crate::pipeline::compose(&self.signer, &self.pipeline.verified, self.identity.public_key, &d.draft, d.hlc, plain)
     }
 
     /// Signs `op` in place; its encoding and id (`pipeline::author::sign`).

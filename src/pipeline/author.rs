@@ -88,27 +88,9 @@ impl Composer {
 
     /// The op of `r`, carrying `root`.
     pub(super) fn compose(&self, r: RootRequest, root: Hash) -> super::OwnOp {
-        use rand::RngCore;
         let RootRequest { hlc, draft, mut plain, reply, .. } = r;
         plain[..32].copy_from_slice(&root);
-        // A fresh random nonce per op (SPEC §4), from the thread's CSPRNG.
-        let mut nonce = [0u8; 12];
-        rand::thread_rng().fill_bytes(&mut nonce);
-        let scope = draft.scope;
-        let mut op = crate::protocol::Op {
-            version: 1,
-            scope,
-            plane: PLANE_DATA,
-            author: self.author,
-            parents: draft.parents,
-            cut: draft.cut,
-            hlc,
-            key_id: draft.key_id,
-            nonce,
-            payload: crate::protocol::crypto::seal_payload(&draft.key, &nonce, &scope, PLANE_DATA, &plain),
-            signature: [0; 64],
-        };
-        let (bytes, id) = sign(&self.signer, &self.verified, &mut op);
+        let (id, op, bytes) = compose(&self.signer, &self.verified, self.author, &draft, hlc, &plain);
         super::OwnOp { id, op, bytes, plain: Some(plain), reply }
     }
 
@@ -127,6 +109,38 @@ impl Composer {
             }
         }
     }
+}
+
+/// The op of `draft` by `author` at `hlc`, its payload `plain` sealed with
+/// the draft's key under a fresh random nonce (SPEC §4, from the thread's
+/// CSPRNG), signed (`sign`): its id, the op and its encoding.
+pub(crate) fn compose(
+    signer: &crate::protocol::sig::Signer,
+    verified: &super::verified::VerifiedCache,
+    author: crate::protocol::PublicKey,
+    draft: &crate::core::Draft,
+    hlc: u64,
+    plain: &[u8],
+) -> (Hash, crate::protocol::Op, Vec<u8>) {
+    use rand::RngCore;
+    let mut nonce = [0u8; 12];
+    rand::thread_rng().fill_bytes(&mut nonce);
+    let (scope, plane) = (draft.scope, draft.plane);
+    let mut op = crate::protocol::Op {
+        version: 1,
+        scope,
+        plane,
+        author,
+        parents: draft.parents.clone(),
+        cut: draft.cut.clone(),
+        hlc,
+        key_id: draft.key_id,
+        nonce,
+        payload: crate::protocol::crypto::seal_payload(&draft.key, &nonce, &scope, plane, plain),
+        signature: [0; 64],
+    };
+    let (bytes, id) = sign(signer, verified, &mut op);
+    (id, op, bytes)
 }
 
 /// Signs `op` in place with the node's key; its encoding (the signature is
@@ -292,7 +306,13 @@ mod tests {
         let plain: Vec<u8> = (0..50u8).collect();
         let (r1, _rx1) = request(scope, plain.clone());
         let (r2, _rx2) = request(scope, plain.clone());
-        let ops = vec![composer.compose(r1, [8; 32]), composer.compose(r2, [2; 32])];
+        // The cache is direct-mapped: each id is looked up before the next
+        // op's may take its slot.
+        let known = |o: &super::super::OwnOp| composer.verified.known_valid(std::iter::once((&o.id, &o.op.signature)));
+        let mut ops = vec![composer.compose(r1, [8; 32])];
+        assert_eq!(known(&ops[0]), [true], "its fresh signature is in the verifiers' cache");
+        ops.push(composer.compose(r2, [2; 32]));
+        assert_eq!(known(&ops[1]), [true]);
         composer.send(ops);
         let Ok(super::super::Work::Own(ops)) = from_projector.try_recv() else { panic!("one message with the commit's ops") };
         assert!(from_projector.try_recv().is_err(), "one message for both");
@@ -309,7 +329,6 @@ mod tests {
             let (bytes, id) = encode_op(&o.op);
             assert_eq!((&bytes, id), (&o.bytes, o.id), "the bytes and id of the op as signed");
             assert!(sig::verify(&composer.author, &o.id, &o.op.signature));
-            assert_eq!(composer.verified.known_valid(std::iter::once((&o.id, &o.op.signature))), [true]);
         }
     }
 

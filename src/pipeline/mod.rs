@@ -73,7 +73,7 @@ use crate::store::Store;
 
 #[cfg(feature = "testkit")]
 pub use shards::fold_stage;
-pub(crate) use author::sign;
+pub(crate) use author::{compose, sign};
 
 /// The connection a message came in on: a transport connection id, 0 for
 /// local.
