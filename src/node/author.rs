@@ -86,12 +86,53 @@ pub struct Author {
     signer: crate::protocol::sig::Signer,
     pipeline: Arc<PipelineState>,
     permits: Arc<Semaphore>,
+    /// Data drafts not yet sent to the orderer (`request_draft`): at most
+    /// one per write in progress.
+    drafts: Arc<Coalescer<DraftRequest>>,
+}
+
+/// Items pushed by the tasks of one round of a tokio runtime, handed on
+/// together: the first push spawns a task that yields once, so that the
+/// tasks already woken run and push theirs, then takes them all.
+struct Coalescer<T> {
+    /// The items, and whether a task to take them is on its way.
+    queue: std::sync::Mutex<(Vec<T>, bool)>,
+}
+
+impl<T: Send + 'static> Coalescer<T> {
+    fn new() -> Arc<Self> {
+        Arc::new(Coalescer { queue: std::sync::Mutex::new((Vec::new(), false)) })
+    }
+
+    /// Adds `item`; `send` gets it with the others of this round (the
+    /// first push's `send` is the one called).
+    fn push(self: &Arc<Self>, item: T, send: impl FnOnce(Vec<T>) + Send + 'static) {
+        let first = {
+            let mut q = self.queue.lock().unwrap();
+            q.0.push(item);
+            !std::mem::replace(&mut q.1, true)
+        };
+        if !first {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            let items = {
+                let mut q = me.queue.lock().unwrap();
+                q.1 = false;
+                std::mem::take(&mut q.0)
+            };
+            send(items);
+        });
+    }
 }
 
 impl Author {
     pub fn new(identity: Identity, pipeline: Arc<PipelineState>) -> Self {
         let signer = crate::protocol::sig::Signer::new(&identity.seed);
-        Author { identity, signer, pipeline, permits: Arc::new(Semaphore::new(WRITES_IN_PROGRESS_MAX)) }
+        let permits = Arc::new(Semaphore::new(WRITES_IN_PROGRESS_MAX));
+        Author { identity, signer, pipeline, permits, drafts: Coalescer::new() }
     }
 
     /// Runs a write in a task of its own, bounded by `WRITES_IN_PROGRESS_MAX`
@@ -166,7 +207,7 @@ impl Author {
             )));
         }
         let (tx, rx) = oneshot::channel();
-        self.direct(Work::Draft(DraftRequest::Data { scope, actions, plain, reply: tx }))?;
+        self.request_draft(DraftRequest::Data { scope, actions, plain, reply: tx });
         // Answered once its commit is durable.
         let done = self.judged(rx).await??;
         let first_event_seq = has_events.then_some(done.event_seq + 1);
@@ -257,10 +298,26 @@ impl Author {
         })
     }
 
+    /// Sends a data draft's request to the orderer with the others made in
+    /// the same round of the network runtime (`Coalescer`: the requests
+    /// read in one wake-up), in one message, one wake-up of the orderer for
+    /// all of them. A request the orderer's queue has no room for is
+    /// answered busy.
+    fn request_draft(&self, req: DraftRequest) {
+        let direct = self.pipeline.direct.clone();
+        self.drafts.push(req, move |reqs| {
+            if let Err(crossbeam_channel::TrySendError::Full(Work::Draft(reqs))) = direct.try_send(Work::Draft(reqs)) {
+                for r in reqs {
+                    r.refuse(DraftRefused::Busy);
+                }
+            }
+        });
+    }
+
     /// A governance draft.
     async fn draft(&self, scope: Hash) -> Result<Drafted, WriteError> {
         let (tx, rx) = oneshot::channel();
-        self.direct(Work::Draft(DraftRequest::Governance { scope, reply: tx }))?;
+        self.direct(Work::Draft(vec![DraftRequest::Governance { scope, reply: tx }]))?;
         Ok(rx.await.map_err(|_| stopped())??)
     }
 
@@ -357,4 +414,38 @@ fn random_key() -> [u8; 32] {
     let mut k = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut k);
     k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushes_of_one_round_are_handed_on_together() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let coalescer = Coalescer::new();
+        let sent: Arc<std::sync::Mutex<Vec<Vec<u32>>>> = Arc::default();
+        rt.block_on(async {
+            // Ten tasks woken together (as the writes of requests read in
+            // one wake-up), then one more after their batch went.
+            let tasks: Vec<_> = (0..10u32)
+                .map(|i| {
+                    let (c, sent) = (coalescer.clone(), sent.clone());
+                    tokio::spawn(async move { c.push(i, move |v| sent.lock().unwrap().push(v)) })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            while sent.lock().unwrap().is_empty() {
+                tokio::task::yield_now().await;
+            }
+            let s2 = sent.clone();
+            coalescer.push(10, move |v| s2.lock().unwrap().push(v));
+            while sent.lock().unwrap().len() < 2 {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert_eq!(*sent.lock().unwrap(), [(0..10).collect::<Vec<u32>>(), vec![10]]);
+    }
 }

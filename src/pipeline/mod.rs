@@ -110,8 +110,10 @@ pub enum Work {
     Deliver { kd: KeyDelivery, reply: Option<tokio::sync::oneshot::Sender<u64>> },
     /// A draft given back unused (`author.rs`).
     Undraft { scope: Hash, plane: u8, reply: tokio::sync::oneshot::Sender<()> },
-    /// The node's API asks for the state to author an op on (`author.rs`).
-    Draft(DraftRequest),
+    /// The node's API asks for the state to author ops on (`author.rs`):
+    /// the requests of the writes its network runtime took in one round
+    /// (`node::author`), in one message.
+    Draft(Vec<DraftRequest>),
     /// Accept this scope's genesis whoever authored it (API.md, "Which
     /// scopes a node holds"); answered with the commit that keeps it.
     Follow { scope: Hash, reply: tokio::sync::oneshot::Sender<u64> },
@@ -235,7 +237,7 @@ impl Batch {
                 Work::Op { bytes, .. } => 2 * bytes.len() as u64 + i.pre.opened.as_ref().map_or(0, |o| o.as_ref().map_or(0, |p| p.len() as u64)) + 64,
                 // A delivery's sealed key can be a frame's worth (1 MiB).
                 Work::Key { kd, .. } | Work::Deliver { kd, .. } => kd.sealed.len() as u64 + 256,
-                Work::Draft(r) => r.bytes(),
+                Work::Draft(r) => r.iter().map(DraftRequest::bytes).sum(),
                 _ => 256,
             })
             .sum()

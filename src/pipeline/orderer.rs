@@ -113,7 +113,11 @@ pub(super) fn run(
                     let mut at = ItemState { conns: &mut conns, hosts: &mut hosts, heartbeats: &mut heartbeats, authoring: &mut authoring };
                     let queued = std::iter::from_fn(|| direct.try_recv().ok()).take(DIRECT_PER_ROUND_MAX - 1);
                     for work in std::iter::once(work).chain(queued) {
-                        items_in_commit += if let Work::Own(ops) = &work { ops.len() } else { 1 };
+                        items_in_commit += match &work {
+                            Work::Own(ops) => ops.len(),
+                            Work::Draft(reqs) => reqs.len(),
+                            _ => 1,
+                        };
                         handle_item(engine, Item { work, valid: false, pre: Default::default() }, &shared, &mut at);
                     }
                 }
@@ -293,8 +297,10 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
     }
     let now = now_ms();
     let outcome = match item.work {
-        Work::Draft(req) => {
-            authoring.request(engine, req, now);
+        Work::Draft(reqs) => {
+            for req in reqs {
+                authoring.request(engine, req, now);
+            }
             return;
         }
         Work::Follow { scope, reply } => {
