@@ -57,8 +57,8 @@ fn accepting(state: &ApiState) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn object(v: &Value, what: &str) -> Result<Map<String, Value>, ApiError> {
-    v.as_object().cloned().ok_or_else(|| ApiError::bad_request(format!("{what} is a JSON object")))
+fn object<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>, ApiError> {
+    v.as_object().ok_or_else(|| ApiError::bad_request(format!("{what} is a JSON object")))
 }
 
 fn string(obj: &Map<String, Value>, name: &str) -> Result<String, ApiError> {
@@ -84,7 +84,7 @@ fn op_answer(status: StatusCode, w: &Written) -> (StatusCode, Json<Value>) {
 
 async fn create_scope(State(state): State<Arc<ApiState>>, JsonBody(body): JsonBody<Value>) -> Answer {
     accepting(&state)?;
-    let name = string(&object(&body, "the body")?, "name")?;
+    let name = string(object(&body, "the body")?, "name")?;
     let w = state.node.author.spawn(move |a| a.create_scope(name)).await?;
     Ok((StatusCode::CREATED, Json(json!({ "scope": hex::encode(w.scope), "op": hex::encode(w.op) }))))
 }
@@ -116,7 +116,7 @@ async fn set_role(
     accepting(&state)?;
     let scope = known_scope(&state, &scope)?;
     let member = parse_id("public_key", &member)?;
-    let role = role(&object(&body, "the body")?)?;
+    let role = role(object(&body, "the body")?)?;
     let w = state.node.author.spawn(move |a| a.set_role(scope, member, role)).await?;
     Ok(op_answer(StatusCode::OK, &w))
 }
