@@ -780,3 +780,23 @@ async fn identities_are_proved_in_the_handshake() {
     assert_eq!(keys, vec![Some(public(client_seed)), None], "the server sees the client's key, then none");
 }
 
+
+/// Frames written in one stream write (a gossip burst) arrive as the frames
+/// they are, in order; a burst with an oversize frame writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_written_together_arrive_one_by_one() {
+    let mut server = TestServer::start(ServerConfig::default(), 16).await;
+    let (_endpoint, conn) = server.client().await;
+    let mut send = conn.open_uni().await.expect("open uni");
+    let (a, b, c) = (good(b"a"), good(b""), good(b"ccc"));
+    dagfold::net::write_frames(&mut send, &[&a, &b, &c]).await.expect("write");
+    for want in [&a, &b, &c] {
+        assert_eq!(&server.next().await.item, want);
+    }
+    let oversize = vec![0u8; dagfold::net::FRAME_CONTENT_BYTES_MAX as usize + 1];
+    let err = dagfold::net::write_frames(&mut send, &[&good(b"never"), &oversize]).await;
+    assert!(matches!(err, Err(dagfold::net::FrameWriteError::Oversize { .. })), "{err:?}");
+    dagfold::net::write_frames(&mut send, &[&good(b"next")]).await.expect("write");
+    assert_eq!(server.next().await.item, good(b"next"), "nothing of the refused burst was written");
+    server.stop().await;
+}

@@ -230,6 +230,11 @@ impl FrameWriter {
         write_frame(&mut self.send, content).await
     }
 
+    /// Writes frames in one stream write (`frame::write_frames`).
+    pub async fn write_many(&mut self, contents: &[&[u8]]) -> Result<(), FrameWriteError> {
+        super::frame::write_frames(&mut self.send, contents).await
+    }
+
     /// Ends the stream after the frames written so far.
     pub fn finish(&mut self) -> Result<(), ClosedStream> {
         self.send.finish()

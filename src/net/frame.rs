@@ -201,6 +201,23 @@ pub async fn read_frame(recv: &mut RecvStream, max_len: u32) -> Result<Option<Ve
     }
 }
 
+/// Writes frames in one stream write: each length prefix and content
+/// copied into one buffer, so that the stream's lock is taken, and the
+/// connection woken, once for all of them (a gossip burst: one op per
+/// frame). Nothing is written when one of them is oversize.
+pub async fn write_frames<'a>(send: &mut SendStream, contents: &[&'a [u8]]) -> Result<(), FrameWriteError> {
+    if let Some(c) = contents.iter().find(|c| c.len() > FRAME_CONTENT_BYTES_MAX as usize) {
+        return Err(FrameWriteError::Oversize { len: c.len() });
+    }
+    let mut buf = Vec::with_capacity(contents.iter().map(|c| 4 + c.len()).sum());
+    for c in contents {
+        buf.extend_from_slice(&(c.len() as u32).to_le_bytes()); // checked above
+        buf.extend_from_slice(c);
+    }
+    send.write_all(&buf).await?;
+    Ok(())
+}
+
 /// Writes one frame: its length prefix, then its content.
 pub async fn write_frame(send: &mut SendStream, content: &[u8]) -> Result<(), FrameWriteError> {
     if content.len() > FRAME_CONTENT_BYTES_MAX as usize {

@@ -42,7 +42,7 @@ pub mod codes {
 pub use client::{client_endpoint, connect, connect_peer, open_bi, send_frames_uni, Dialer, FrameWriter, Link, PeerAddr, StreamFrames};
 pub use codes::{ERR_MALFORMED, ERR_NONE, ERR_SHUTDOWN, ERR_TIMEOUT, ERR_UNAUTHORIZED};
 pub use tls::{identity_cert, Ed25519Key, NodeCert};
-pub use frame::{read_frame, write_frame, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
+pub use frame::{read_frame, write_frame, write_frames, FrameError, FrameWriteError, FRAME_CONTENT_BYTES_MAX};
 pub use fair::{IngestClosed, ItemSink};
 pub use server::{close_endpoint, make_endpoint, run_server, FrameDecoder, Inbound, Reply, ServerConfig};
 /// A lost connection, as the dialing side sees it.

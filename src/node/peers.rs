@@ -26,6 +26,10 @@ use crate::protocol::{Hash, ZERO};
 /// Applied ops queued for gossip per node before new ones are dropped (the
 /// heartbeat and sync repair what gossip drops): ~2.5 MB of 300-byte ops.
 pub const GOSSIP_QUEUE_OPS: usize = 8192;
+/// Gossip frames queued for a peer written to its stream in one write at
+/// most (a commit's applied ops arrive together: one stream write and one
+/// wake of the connection for them, not one per op).
+const GOSSIP_WRITE_FRAMES_MAX: usize = 256;
 pub use crate::peering::{HEARTBEAT_PAGES_PER_BEAT_MAX, KEYS_ASK_INTERVAL_MS, LACKING_NOTES_MAX, SYNC_INTERVAL_MS};
 /// A sync exchange that takes longer is abandoned.
 pub const SYNC_TIMEOUT_MS: u64 = 10_000;
@@ -54,6 +58,7 @@ pub async fn run_peers(
         queues.push(tx);
         tokio::spawn(peer_task(i as u64 + 1, addr, rx, shared.clone(), dialer.clone(), shutdown.clone()));
     }
+    let (sent, dropped) = (metrics::counter!("dagfold_gossip_sent_total"), metrics::counter!("dagfold_gossip_dropped_total"));
     while let Some(g) = gossip.recv().await {
         if g.bytes.is_empty() {
             continue;
@@ -66,9 +71,9 @@ pub async fn run_peers(
                 continue;
             }
             if q.try_send((g.scope, frame.clone())).is_err() {
-                metrics::counter!("dagfold_gossip_dropped_total").increment(1);
+                dropped.increment(1);
             } else {
-                metrics::counter!("dagfold_gossip_sent_total").increment(1);
+                sent.increment(1);
             }
         }
     }
@@ -128,16 +133,26 @@ async fn serve_link(
     // first heartbeat and key ask are on connection).
     let start = tokio::time::Instant::now();
     let mut timers = crate::peering::LinkTimers::new(0, shared.cfg.heartbeat_ms.max(1));
+    // The gossip queued when the link task runs, written together.
+    let mut burst: Vec<(Hash, Vec<u8>)> = Vec::with_capacity(GOSSIP_WRITE_FRAMES_MAX);
     loop {
         let wake = start + Duration::from_millis(timers.next_deadline_ms());
         tokio::select! {
-            frame = queue.recv() => {
-                let Some((scope, frame)) = frame else { return Ok(()) };
+            n = queue.recv_many(&mut burst, GOSSIP_WRITE_FRAMES_MAX) => {
+                if n == 0 {
+                    return Ok(());
+                }
                 // A peer dialed by address alone gets only the ops of the
                 // scopes its key is a member of (SPEC §10).
-                if super::serve::may_see(shared, peer_key.as_ref(), &scope).is_ok() {
-                    send.write(&frame).await?;
+                let frames: Vec<&[u8]> = burst
+                    .iter()
+                    .filter(|(scope, _)| super::serve::may_see(shared, peer_key.as_ref(), scope).is_ok())
+                    .map(|(_, f)| f.as_slice())
+                    .collect();
+                if !frames.is_empty() {
+                    send.write_many(&frames).await?;
                 }
+                burst.clear();
             }
             _ = tokio::time::sleep_until(wake) => {
                 let now_ms = start.elapsed().as_millis() as u64;
