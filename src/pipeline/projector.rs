@@ -104,7 +104,7 @@ pub(super) fn run(
         waited.increment(t_send.elapsed().as_micros() as u64);
         if !drafted.is_empty() {
             let t = Instant::now();
-            composer.send(drafted.into_iter().map(|(r, root)| composer.compose(r, root)).collect());
+            composer.send(composer.compose_all(drafted));
             compose.record(t.elapsed().as_secs_f64());
         }
     }
