@@ -279,6 +279,11 @@ fn subscriber_sees_every_event_once_across_reconnect_and_restart() {
     // The genesis first, so the subscription has a scope.
     let (head, tail) = all.split_at(all.len() / 2);
     send_frames(n.listen, head, 1, 1);
+    // Applied before the subscriber asks: the transport's acknowledgement
+    // comes before, and a subscription to a scope whose members the node
+    // does not know yet is refused for good (the subscriber exits).
+    let head_ops = w.messages[..head.len()].iter().filter(|m| m.id != [0; 32]).count() as u64;
+    assert!(wait_until(Duration::from_secs(30), || n.scope(&w.scope).is_some_and(|s| s["applied"].as_u64() >= Some(head_ops))));
     // The subscriber proves a writer's key: a member (SPEC §10).
     let key_file = dir.path().join("writer.key");
     std::fs::write(&key_file, hex::encode(w.writers[0].seed)).unwrap();
