@@ -118,7 +118,10 @@ mod canonical {
     }
 
     /// The reduced value of dalek's radix-2^51 limbs (each below 2^63, as
-    /// dalek keeps them between operations: below 2^52).
+    /// dalek keeps them between operations: below 2^52). The coordinates
+    /// of a signature's `[r]B` come through here, so the carries and folds
+    /// run the same steps whatever the value; only the last subtractions of
+    /// `p` depend on it, for values in `[p, 2^255)` (19 of them).
     pub fn from_limbs51(l: &[u64; 5]) -> [u64; 4] {
         // The value, below 2^267, in five words.
         let mut w = [0u64; 5];
@@ -132,7 +135,7 @@ mod canonical {
                 carry = t >> 64;
             }
             let mut k = word + 2;
-            while carry != 0 && k < 5 {
+            while k < 5 {
                 let t = w[k] as u128 + carry;
                 w[k] = t as u64;
                 carry = t >> 64;
