@@ -209,7 +209,7 @@ impl Author {
         let (tx, rx) = oneshot::channel();
         self.request_draft(DraftRequest::Data { scope, actions, plain, reply: tx });
         // Answered once its commit is durable.
-        let done = self.judged(rx).await??;
+        let done = self.judged(rx).await?;
         let first_event_seq = has_events.then_some(done.event_seq + 1);
         Ok(Written { scope, op: done.id, root: done.root, first_event_seq, key_id: None })
     }
@@ -361,18 +361,17 @@ impl Author {
     async fn submit(&self, id: Hash, op: Op, bytes: Vec<u8>, plain: Option<Vec<u8>>) -> Result<Authored, WriteError> {
         let (tx, rx) = oneshot::channel();
         self.direct(Work::Own(vec![OwnOp { id, op, bytes, plain, reply: tx }]))?;
-        Ok(self.judged(rx).await??)
+        self.judged(rx).await
     }
 
     /// What the receive path made of an authored op: the op applied and
-    /// durable, or why not.
-    async fn judged(&self, rx: oneshot::Receiver<Result<Authored, DraftRefused>>) -> Result<Result<Authored, DraftRefused>, WriteError> {
+    /// durable, or why not (its draft refused, the op dropped).
+    async fn judged(&self, rx: oneshot::Receiver<Result<Authored, DraftRefused>>) -> Result<Authored, WriteError> {
         // Dropped unanswered: the store refused the commit, or the node
         // stops.
-        let done = rx.await.map_err(|_| self.unanswered())?;
-        let Ok(done) = done else { return Ok(done) };
+        let done = rx.await.map_err(|_| self.unanswered())??;
         match done.outcome {
-            Outcome::Applied => Ok(Ok(done)),
+            Outcome::Applied => Ok(done),
             Outcome::Dropped(reason) => Err(WriteError::Rejected(reason.name().to_string())),
             other => Err(WriteError::Rejected(format!("{other:?}"))),
         }

@@ -87,31 +87,22 @@ impl Composer {
     }
 
     /// The ops of a commit's drafts with their roots, in order: composed
-    /// and sealed one by one, signed together (`Signer::sign_many`: one
-    /// field inversion for eight signatures).
+    /// and sealed one by one, signed together (`sign_all`).
     pub(super) fn compose_all(&self, drafted: Vec<(RootRequest, Hash)>) -> Vec<super::OwnOp> {
-        let mut unsigned = Vec::with_capacity(drafted.len());
-        for (r, root) in drafted {
-            let RootRequest { hlc, draft, mut plain, reply, .. } = r;
-            plain[..32].copy_from_slice(&root);
-            let op = seal(self.author, &draft, hlc, &plain);
-            let (bytes, id) = crate::protocol::crypto::encode_op(&op);
-            unsigned.push((op, bytes, id, plain, reply));
-        }
-        let ids: Vec<Hash> = unsigned.iter().map(|u| u.2).collect();
-        let signatures = self.signer.sign_many(&ids);
-        let ops: Vec<super::OwnOp> = unsigned
+        let (mut ops, rest): (Vec<crate::protocol::Op>, Vec<(Vec<u8>, super::AuthoredReply)>) = drafted
             .into_iter()
-            .zip(signatures)
-            .map(|((mut op, mut bytes, id, plain, reply), signature)| {
-                op.signature = signature;
-                let at = bytes.len() - 64;
-                bytes[at..].copy_from_slice(&signature);
-                super::OwnOp { id, op, bytes, plain: Some(plain), reply }
+            .map(|(r, root)| {
+                let RootRequest { hlc, draft, mut plain, reply, .. } = r;
+                plain[..32].copy_from_slice(&root);
+                (seal(self.author, &draft, hlc, &plain), (plain, reply))
             })
-            .collect();
-        self.verified.record(ops.iter().map(|o| (&o.id, &o.op.signature)));
-        ops
+            .unzip();
+        let signed = sign_all(&self.signer, &self.verified, &mut ops);
+        ops.into_iter()
+            .zip(signed)
+            .zip(rest)
+            .map(|((op, (bytes, id)), (plain, reply))| super::OwnOp { id, op, bytes, plain: Some(plain), reply })
+            .collect()
     }
 
     /// Sends a commit's composed ops to the orderer. Its direct queue
@@ -170,27 +161,46 @@ fn seal(author: crate::protocol::PublicKey, draft: &crate::core::Draft, hlc: u64
     }
 }
 
-/// Signs `op` in place with the node's key; its encoding (the signature is
-/// its last 64 bytes, SPEC §3) and id.
-///
-/// The signature is made by the node's own key over this id: the verifiers
-/// take it as a copy of an op found valid (`(id, signature)` in their
-/// cache) rather than check it again. Checking it cost a verification per
-/// write in batches of one or two (the writer waits), ~11% of the node's
-/// CPU under `tools/bench api_writes` (docs/PERFORMANCE.md); a peer still
-/// verifies it.
+/// Signs `op` in place with the node's key; its encoding and id
+/// (`sign_all`).
 pub(crate) fn sign(
     signer: &crate::protocol::sig::Signer,
     verified: &super::verified::VerifiedCache,
     op: &mut crate::protocol::Op,
 ) -> (Vec<u8>, Hash) {
-    op.signature = [0; 64];
-    let (mut bytes, id) = crate::protocol::crypto::encode_op(op);
-    op.signature = signer.sign(&id);
-    let at = bytes.len() - 64;
-    bytes[at..].copy_from_slice(&op.signature);
-    verified.record(std::iter::once((&id, &op.signature)));
-    (bytes, id)
+    sign_all(signer, verified, std::slice::from_mut(op)).pop().expect("one op signed")
+}
+
+/// Signs `ops` in place with the node's key, together (`Signer::sign_many`:
+/// one field inversion for eight signatures); each op's encoding (the
+/// signature is its last 64 bytes, SPEC §3) and id, in order.
+///
+/// The signatures are made by the node's own key over these ids: the
+/// verifiers take each as a copy of an op found valid (`(id, signature)` in
+/// their cache) rather than check it again. Checking it cost a verification
+/// per write in batches of one or two (the writer waits), ~11% of the
+/// node's CPU under `tools/bench api_writes` (docs/PERFORMANCE.md); a peer
+/// still verifies it.
+fn sign_all(
+    signer: &crate::protocol::sig::Signer,
+    verified: &super::verified::VerifiedCache,
+    ops: &mut [crate::protocol::Op],
+) -> Vec<(Vec<u8>, Hash)> {
+    let mut encoded: Vec<(Vec<u8>, Hash)> = ops
+        .iter_mut()
+        .map(|op| {
+            op.signature = [0; 64];
+            crate::protocol::crypto::encode_op(op)
+        })
+        .collect();
+    let ids: Vec<Hash> = encoded.iter().map(|(_, id)| *id).collect();
+    for ((op, (bytes, _)), signature) in ops.iter_mut().zip(&mut encoded).zip(signer.sign_many(&ids)) {
+        op.signature = signature;
+        let at = bytes.len() - 64;
+        bytes[at..].copy_from_slice(&signature);
+    }
+    verified.record(encoded.iter().zip(ops.iter()).map(|((_, id), op)| (id, &op.signature)));
+    encoded
 }
 
 #[derive(Default)]

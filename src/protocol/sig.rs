@@ -175,15 +175,11 @@ pub fn sign(seed: &[u8; 32], message: &[u8; 32]) -> [u8; 64] {
 pub struct Signer {
     key: SigningKey,
     expanded: ed25519_dalek::hazmat::ExpandedSecretKey,
-    public: [u8; 32],
 }
 
 impl Signer {
     pub fn new(seed: &[u8; 32]) -> Signer {
-        let key = SigningKey::from_bytes(seed);
-        let expanded = ed25519_dalek::hazmat::ExpandedSecretKey::from(seed);
-        let public = key.verifying_key().to_bytes();
-        Signer { key, expanded, public }
+        Signer { key: SigningKey::from_bytes(seed), expanded: ed25519_dalek::hazmat::ExpandedSecretKey::from(seed) }
     }
 
     /// The signature of RFC 8032 on a 32-byte message, as `sign` makes it.
@@ -204,12 +200,13 @@ impl Signer {
             .collect();
         let points: Vec<EdwardsPoint> = rs.iter().map(EdwardsPoint::mul_base).collect();
         let encodings = super::decompress::compress_many(&points);
+        let public = self.key.verifying_key().to_bytes();
         messages
             .iter()
             .zip(rs)
             .zip(encodings)
             .map(|((m, r), big_r)| {
-                let k = Scalar::from_hash(Sha512::new().chain_update(big_r).chain_update(self.public).chain_update(m));
+                let k = Scalar::from_hash(Sha512::new().chain_update(big_r).chain_update(public).chain_update(m));
                 let s = k * self.expanded.scalar + r;
                 let mut sig = [0u8; 64];
                 sig[..32].copy_from_slice(&big_r);

@@ -214,7 +214,7 @@ pub fn api(args: ApiArgs) -> anyhow::Result<Value> {
     let started = Instant::now();
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
     let path = format!("/v1/scopes/{scope}/ops");
-    let lat = rt.block_on(async {
+    let mut lat = rt.block_on(async {
         let clients: Vec<_> = (0..args.clients)
             .map(|_| tokio::spawn(writer(args.api, ta.clone(), path.clone(), value.clone(), next.clone(), args.ops)))
             .collect();
@@ -224,7 +224,6 @@ pub fn api(args: ApiArgs) -> anyhow::Result<Value> {
         }
         anyhow::Ok(lat)
     })?;
-    let mut lat = lat;
     let authored_s = started.elapsed().as_secs_f64();
     let target = base_applied + args.ops as u64;
     let mut b_done = None;
