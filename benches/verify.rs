@@ -56,8 +56,10 @@ fn single(c: &mut Criterion) {
     g.finish();
 }
 
-/// Signing one op id with the node's key (`sig::Signer`): what the node
-/// pays per op it authors (`pipeline::author::Composer`).
+/// Signing op ids with the node's key (`sig::Signer`): what the node pays
+/// per op it authors (`pipeline::author::Composer`), one at a time and as a
+/// commit's ops together (`sign_many`; ~14 ops a commit under
+/// `tools/bench api_writes`).
 fn signing(c: &mut Criterion) {
     let seed = [9u8; 32];
     let signer = dagfold::protocol::sig::Signer::new(&seed);
@@ -65,6 +67,11 @@ fn signing(c: &mut Criterion) {
     let mut g = c.benchmark_group("sign");
     g.throughput(Throughput::Elements(1));
     g.bench_function("dagfold_signer", |b| b.iter(|| signer.sign(black_box(&msg))));
+    for n in [1usize, 8, 14, 64] {
+        let messages: Vec<[u8; 32]> = (0..n).map(|i| [i as u8; 32]).collect();
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_with_input(BenchmarkId::new("sign_many", n), &messages, |b, m| b.iter(|| signer.sign_many(black_box(m))));
+    }
     g.finish();
 }
 

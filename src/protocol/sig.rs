@@ -187,9 +187,9 @@ impl Signer {
         self.key.sign(message).to_bytes()
     }
 
-    /// `sign` of each message, in order, with the `R`s compressed together
-    /// (`decompress::compress_many`: one field inversion for eight, where
-    /// each signature made alone takes its own). RFC 8032's steps as
+    /// `sign` of each message, in order, with the `R`s computed together
+    /// (`decompress::mul_base_many`: eight `[r]B` at once in the lanes of
+    /// AVX-512 IFMA, and one field inversion for the eight). RFC 8032's steps as
     /// ed25519-dalek takes them: `r = SHA-512(prefix || M)`, `R = [r]B`,
     /// `k = SHA-512(R || A || M)`, `S = r + k·a`; the signatures are
     /// deterministic, and the tests compare them with `sign`'s bytes.
@@ -198,8 +198,7 @@ impl Signer {
             .iter()
             .map(|m| Scalar::from_hash(Sha512::new().chain_update(self.expanded.hash_prefix).chain_update(m)))
             .collect();
-        let points: Vec<EdwardsPoint> = rs.iter().map(EdwardsPoint::mul_base).collect();
-        let encodings = super::decompress::compress_many(&points);
+        let encodings = super::decompress::mul_base_many(&rs);
         let public = self.key.verifying_key().to_bytes();
         messages
             .iter()
