@@ -1,5 +1,5 @@
-//! Edwards point decompression, and multiples of the basepoint, eight at a
-//! time with AVX-512 IFMA.
+//! Edwards point decompression, multiples of the basepoint and multiscalar
+//! sums, eight at a time with AVX-512 IFMA.
 //!
 //! Decompressing `R` is the square root `x = sqrt((y² - 1) / (d·y² + 1))`:
 //! about 254 field squarings in a chain, which `curve25519-dalek` runs in
@@ -55,6 +55,29 @@ pub fn mul_base_many(scalars: &[Scalar]) -> Vec<[u8; 32]> {
     }
     scalars.iter().map(|r| EdwardsPoint::mul_base(r).compress().to_bytes()).collect()
 }
+
+/// `Σ [scalars[i]] points[i]`, the value of dalek's
+/// `EdwardsPoint::vartime_multiscalar_mul` (its coordinates may differ by a
+/// common factor), in variable time: for batch verification, where every
+/// input is public. On the IFMA path the points go eight to a row, one per
+/// lane, and the row shares the doublings: each lane sums its points with
+/// signed radix-16 digits from a table of their first eight multiples, so a
+/// 128-bit coefficient (a signature's `z`) costs 33 additions and a row of
+/// eight of them as much as one. Fewer than `LANES_FROM` points take
+/// dalek's, which wastes no lanes.
+pub fn vartime_multiscalar_mul(scalars: &[Scalar], points: &[EdwardsPoint]) -> EdwardsPoint {
+    assert_eq!(scalars.len(), points.len(), "one scalar a point");
+    #[cfg(target_arch = "x86_64")]
+    if points.len() >= LANES_FROM && ifma::usable() {
+        return ifma::multiscalar(scalars, points);
+    }
+    use curve25519_dalek::traits::VartimeMultiscalarMul;
+    EdwardsPoint::vartime_multiscalar_mul(scalars.iter(), points.iter())
+}
+
+/// Below this many points dalek's multiscalar multiplication is the
+/// quicker: a row of eight lanes costs the same with one point in it.
+const LANES_FROM: usize = 16;
 
 /// Whether `decompress_many` takes the IFMA path on this machine.
 pub fn accelerated() -> bool {
@@ -129,6 +152,49 @@ mod canonical {
         }
     }
 
+    /// The reduced value of dalek's radix-2^51 limbs (each below 2^63, as
+    /// dalek keeps them between operations: below 2^52): the points of a
+    /// batch verification going into the lanes.
+    pub fn from_limbs51(l: &[u64; 5]) -> [u64; 4] {
+        // The value, below 2^267, in five words.
+        let mut w = [0u64; 5];
+        for (i, &limb) in l.iter().enumerate() {
+            let (word, shift) = ((51 * i) / 64, (51 * i) % 64);
+            let v = (limb as u128) << shift;
+            let mut carry = 0u128;
+            for (k, part) in [v as u64, (v >> 64) as u64].into_iter().enumerate() {
+                let t = w[word + k] as u128 + part as u128 + carry;
+                w[word + k] = t as u64;
+                carry = t >> 64;
+            }
+            let mut k = word + 2;
+            while k < 5 {
+                let t = w[k] as u128 + carry;
+                w[k] = t as u64;
+                carry = t >> 64;
+                k += 1;
+            }
+        }
+        // Fold the bits from 2^255 up (2^255 = 19 mod p), twice: the first
+        // fold leaves at most one bit there.
+        let mut r = [w[0], w[1], w[2], w[3]];
+        let mut high = (w[3] >> 63) as u128 | (w[4] as u128) << 1;
+        for _ in 0..2 {
+            r[3] &= 0x7fff_ffff_ffff_ffff;
+            let mut carry = high * 19;
+            for x in r.iter_mut() {
+                let t = *x as u128 + (carry & u64::MAX as u128);
+                *x = t as u64;
+                carry = (carry >> 64) + (t >> 64);
+            }
+            high = (r[3] >> 63) as u128;
+        }
+        while geq(&r, &P) {
+            r = sub(&r, &P);
+        }
+        r
+    }
+
     /// dalek's radix-2^51 limbs of a reduced value.
     pub fn limbs51(w: &[u64; 4]) -> [u64; 5] {
         [w[0] & M51, (w[0] >> 51 | w[1] << 13) & M51, (w[1] >> 38 | w[2] << 26) & M51, (w[2] >> 25 | w[3] << 39) & M51, (w[3] >> 12) & M51]
@@ -196,6 +262,31 @@ mod ifma {
         let products = unsafe { mul_base_all(&scalars) };
         if scalars.iter().zip(&products).any(|(r, c)| EdwardsPoint::mul_base(r).compress().to_bytes() != *c) {
             return false;
+        }
+        // Multiscalar sums of points with and without torsion parts, with
+        // zero, 128-bit and full-width scalars, against dalek's.
+        let mut points: Vec<EdwardsPoint> = Vec::new();
+        let mut q = ED25519_BASEPOINT_POINT;
+        for i in 0..19u8 {
+            points.push(q + curve25519_dalek::constants::EIGHT_TORSION[(i % 8) as usize]);
+            q = q + q + ED25519_BASEPOINT_POINT;
+        }
+        let scalars: Vec<Scalar> = (0..19u8)
+            .map(|i| match i % 3 {
+                0 => Scalar::from(i as u64 * 0x1234_5678_9abc_def1),
+                1 => Scalar::from_bytes_mod_order(std::array::from_fn(|k| if k < 16 { i ^ (k as u8 * 29) } else { 0 })),
+                _ => -Scalar::from_bytes_mod_order([i.wrapping_mul(101); 32]),
+            })
+            .chain([Scalar::ZERO])
+            .collect();
+        points.push(ED25519_BASEPOINT_POINT);
+        for n in [points.len(), 9, 8] {
+            use curve25519_dalek::traits::VartimeMultiscalarMul;
+            // SAFETY: as above.
+            let sum = unsafe { multiscalar_lanes(&scalars[..n], &points[..n]) };
+            if sum.compress() != EdwardsPoint::vartime_multiscalar_mul(&scalars[..n], &points[..n]).compress() {
+                return false;
+            }
         }
         let three = Scalar::from(3u8);
         encodings.iter().zip(&fast).all(|(b, f)| match (CompressedEdwardsY(*b).decompress(), f) {
@@ -345,15 +436,23 @@ mod ifma {
                 }
             }
         }
-        // -(x, y) = (-x, y): y + x and y - x trade places, 2d·x·y changes sign.
-        let minus_t = sub(&zero, &q[2]);
-        let (ypx, ymx) = (q[0], q[1]);
-        for l in 0..5 {
-            q[0].0[l] = _mm512_mask_mov_epi64(ypx.0[l], negative, ymx.0[l]);
-            q[1].0[l] = _mm512_mask_mov_epi64(ymx.0[l], negative, ypx.0[l]);
-            q[2].0[l] = _mm512_mask_mov_epi64(q[2].0[l], negative, minus_t.0[l]);
-        }
+        let [ypx, ymx, t2d] = &mut q;
+        negate_where(negative, ypx, ymx, t2d);
         q
+    }
+
+    /// The Niels forms negated in the lanes of `negative`: `-(x, y) =
+    /// (-x, y)`, so `y + x` and `y - x` trade places and the `T` term
+    /// (`2d·x·y`, `2d·T`) changes sign.
+    #[target_feature(enable = "avx512f,avx512ifma")]
+    unsafe fn negate_where(negative: __mmask8, ypx: &mut F8, ymx: &mut F8, t: &mut F8) {
+        let minus_t = sub(&constant(&[0; 4]), t);
+        let (plus, minus) = (*ypx, *ymx);
+        for l in 0..5 {
+            ypx.0[l] = _mm512_mask_mov_epi64(plus.0[l], negative, minus.0[l]);
+            ymx.0[l] = _mm512_mask_mov_epi64(minus.0[l], negative, plus.0[l]);
+            t.0[l] = _mm512_mask_mov_epi64(t.0[l], negative, minus_t.0[l]);
+        }
     }
 
     /// `p + q` for `q` in affine Niels form (dalek's mixed addition, through
@@ -577,6 +676,150 @@ mod ifma {
         mul(&square_n(&t19, 2), x) // 2^252 - 3
     }
 
+    pub fn multiscalar(scalars: &[Scalar], points: &[EdwardsPoint]) -> EdwardsPoint {
+        // SAFETY: only called once usable() has seen the CPU features.
+        unsafe { multiscalar_lanes(scalars, points) }
+    }
+
+    /// Projective Niels coordinates `(Y + X, Y - X, Z, 2d·T)` of eight points.
+    type PNiels8 = [F8; 4];
+
+    /// The multiscalar sum: row `r` holds points `8r..8r+8` (the identity
+    /// with a zero scalar past the end); from the highest digit position
+    /// down, the accumulator is multiplied by 16 and each row whose lanes
+    /// have a digit there adds its table entries, lane by lane. The eight
+    /// lanes' sums are added at the end.
+    #[target_feature(enable = "avx512f,avx512ifma")]
+    unsafe fn multiscalar_lanes(scalars: &[Scalar], points: &[EdwardsPoint]) -> EdwardsPoint {
+        use curve25519_dalek::traits::Identity;
+        let rows = points.len().div_ceil(8);
+        let identity = EdwardsPoint::identity();
+        let two_d = mul(&constant(&D), &constant(&[2, 0, 0, 0]));
+        let mut tables: Vec<[PNiels8; 8]> = Vec::with_capacity(rows);
+        let mut digits: Vec<[[i64; 8]; 64]> = Vec::with_capacity(rows);
+        // One past the highest position with a digit in any lane.
+        let mut top = 0;
+        for row in 0..rows {
+            let mut d = [[0i64; 8]; 64];
+            for (j, s) in scalars.iter().skip(8 * row).take(8).enumerate() {
+                for (i, x) in radix_16(s).into_iter().enumerate() {
+                    d[i][j] = x as i64;
+                    if x != 0 {
+                        top = top.max(i + 1);
+                    }
+                }
+            }
+            digits.push(d);
+            let lanes: [EdwardsPoint; 8] = std::array::from_fn(|j| points.get(8 * row + j).copied().unwrap_or(identity));
+            tables.push(pniels_multiples(&to_lanes(&lanes), &two_d));
+        }
+        let (zero, one) = (constant(&[0; 4]), constant(&[1, 0, 0, 0]));
+        let mut acc: Point8 = [zero, one, one, zero];
+        let mut started = false;
+        for pos in (0..top).rev() {
+            if started {
+                for _ in 0..4 {
+                    acc = double(&acc);
+                }
+            }
+            for (table, d) in tables.iter().zip(&digits) {
+                if d[pos] == [0; 8] {
+                    continue;
+                }
+                let digit = _mm512_loadu_si512(d[pos].as_ptr() as *const _);
+                acc = add_pniels(&acc, &select_lanes(table, digit));
+                started = true;
+            }
+        }
+        from_lanes(&acc).iter().fold(identity, |sum, p| sum + p)
+    }
+
+    /// `[1..=8]·P` of each lane's point, in projective Niels form.
+    #[target_feature(enable = "avx512f,avx512ifma")]
+    unsafe fn pniels_multiples(p: &Point8, two_d: &F8) -> [PNiels8; 8] {
+        let first = to_pniels(p, two_d);
+        let mut multiples = [first; 8];
+        let mut current = *p;
+        for multiple in multiples.iter_mut().skip(1) {
+            current = add_pniels(&current, &first);
+            *multiple = to_pniels(&current, two_d);
+        }
+        multiples
+    }
+
+    #[target_feature(enable = "avx512f,avx512ifma")]
+    unsafe fn to_pniels(p: &Point8, two_d: &F8) -> PNiels8 {
+        let [x, y, z, t] = p;
+        [add(y, x), sub(y, x), *z, mul(t, two_d)]
+    }
+
+    /// `p + q` for `q` in projective Niels form (dalek's addition).
+    #[target_feature(enable = "avx512f,avx512ifma")]
+    unsafe fn add_pniels(p: &Point8, q: &PNiels8) -> Point8 {
+        let [x, y, z, t] = p;
+        let pp = mul(&add(y, x), &q[0]);
+        let mm = mul(&sub(y, x), &q[1]);
+        let tt2d = mul(t, &q[3]);
+        let zz = mul(z, &q[2]);
+        let zz2 = add(&zz, &zz);
+        completed(&sub(&pp, &mm), &add(&pp, &mm), &add(&zz2, &tt2d), &sub(&zz2, &tt2d))
+    }
+
+    /// `sign(d)·table[|d| - 1]` in each lane (the identity for a zero
+    /// digit). Variable time: the inputs are public.
+    #[target_feature(enable = "avx512f,avx512ifma")]
+    unsafe fn select_lanes(table: &[PNiels8; 8], digit: __m512i) -> PNiels8 {
+        let negative = _mm512_cmplt_epi64_mask(digit, _mm512_setzero_si512());
+        let magnitude = _mm512_abs_epi64(digit);
+        let (zero, one) = (constant(&[0; 4]), constant(&[1, 0, 0, 0]));
+        let mut q = [one, one, one, zero];
+        for (k, entry) in table.iter().enumerate() {
+            let pick = _mm512_cmpeq_epi64_mask(magnitude, splat(k as u64 + 1));
+            if pick == 0 {
+                continue;
+            }
+            for f in 0..4 {
+                for l in 0..5 {
+                    q[f].0[l] = _mm512_mask_mov_epi64(q[f].0[l], pick, entry[f].0[l]);
+                }
+            }
+        }
+        if negative != 0 {
+            let [ypx, ymx, _, t2d] = &mut q;
+            negate_where(negative, ypx, ymx, t2d);
+        }
+        q
+    }
+
+    /// Eight dalek points into the lanes (each coordinate reduced and
+    /// re-cut into 52-bit limbs).
+    #[target_feature(enable = "avx512f,avx512ifma")]
+    unsafe fn to_lanes(points: &[EdwardsPoint; 8]) -> Point8 {
+        // SAFETY: `EdwardsPoint` is four 5×u64 field elements (X, Y, Z, T),
+        // as `decompress8` writes them; `self_test` checks it (its
+        // multiscalar sums read every coordinate).
+        let coords: [[u64; 20]; 8] = std::array::from_fn(|j| std::mem::transmute::<EdwardsPoint, [u64; 20]>(points[j]));
+        std::array::from_fn(|f| {
+            load(&std::array::from_fn(|j| {
+                let l: [u64; 5] = std::array::from_fn(|i| coords[j][5 * f + i]);
+                canonical::limbs52(&canonical::from_limbs51(&l))
+            }))
+        })
+    }
+
+    /// The lanes' points as dalek's.
+    #[target_feature(enable = "avx512f,avx512ifma")]
+    unsafe fn from_lanes(p: &Point8) -> [EdwardsPoint; 8] {
+        let coords: [[[u64; 5]; 8]; 4] = std::array::from_fn(|f| store(&p[f]));
+        std::array::from_fn(|j| {
+            let limbs: [[u64; 5]; 4] = std::array::from_fn(|f| canonical::limbs51(&canonical::from_limbs52(&coords[f][j])));
+            let flat: [u64; 20] = std::array::from_fn(|i| limbs[i / 5][i % 5]);
+            // SAFETY: as in `decompress8`: every bit pattern of the four
+            // field elements is a value, and the layout is self-tested.
+            std::mem::transmute::<[u64; 20], EdwardsPoint>(flat)
+        })
+    }
+
     /// The affine `x` of eight encodings, fully reduced, whether each
     /// decodes, and their `y` (the low 255 bits): `(ok, x) =
     /// sqrt_ratio_i(y² - 1, d·y² + 1)`, `x` made non-negative and then given
@@ -737,6 +980,43 @@ mod tests {
             let want: Vec<[u8; 32]> = scalars[..n].iter().map(|r| EdwardsPoint::mul_base(r).compress().to_bytes()).collect();
             assert_eq!(mul_base_many(&scalars[..n]), want, "{n} scalars");
         }
+    }
+
+    /// Multiscalar sums as batch verification makes them (128-bit and
+    /// full-width scalars, points with torsion parts, negated points) in
+    /// sizes around the lanes' threshold and rows of eight, equal in value
+    /// to dalek's.
+    #[test]
+    fn multiscalar_sums_equal_dalek() {
+        use curve25519_dalek::traits::VartimeMultiscalarMul;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut points: Vec<EdwardsPoint> = Vec::new();
+        let mut scalars: Vec<Scalar> = Vec::new();
+        for i in 0..300usize {
+            let p = EdwardsPoint::mul_base(&Scalar::from_bytes_mod_order_wide(&std::array::from_fn(|_| rng.gen())));
+            points.push(match i % 4 {
+                0 => p,
+                1 => -p,
+                2 => p + curve25519_dalek::constants::EIGHT_TORSION[i % 8],
+                _ => decompress_many(&[p.compress().to_bytes()])[0].expect("a point decompresses"),
+            });
+            let mut b: [u8; 32] = rng.gen();
+            if i % 3 != 0 {
+                b[16..].fill(0); // a 128-bit coefficient
+            }
+            scalars.push(match i % 11 {
+                0 => Scalar::ZERO,
+                1 => -Scalar::ONE,
+                _ => Scalar::from_bytes_mod_order(b),
+            });
+        }
+        for n in [0, 1, 15, 16, 17, 24, 66, 129, 300] {
+            let want = EdwardsPoint::vartime_multiscalar_mul(&scalars[..n], &points[..n]);
+            assert_eq!(vartime_multiscalar_mul(&scalars[..n], &points[..n]).compress(), want.compress(), "{n} points");
+        }
+        // All scalars zero: the identity.
+        let zeros = vec![Scalar::ZERO; 40];
+        assert_eq!(vartime_multiscalar_mul(&zeros, &points[..40]).compress(), EdwardsPoint::default().compress());
     }
 
     #[test]

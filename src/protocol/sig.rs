@@ -34,7 +34,7 @@ use std::ops::Range;
 use curve25519_dalek::constants::ED25519_BASEPOINT_POINT;
 use curve25519_dalek::edwards::{CompressedEdwardsY, EdwardsPoint};
 use curve25519_dalek::scalar::Scalar;
-use curve25519_dalek::traits::{IsIdentity, VartimeMultiscalarMul};
+use curve25519_dalek::traits::IsIdentity;
 use ed25519_dalek::{Signer as _, SigningKey};
 use sha2::{Digest, Sha512};
 
@@ -463,7 +463,7 @@ impl Batch<'_> {
         scalars.push(a_coefficient);
         points.push(self.minus_keys[run]);
 
-        EdwardsPoint::vartime_multiscalar_mul(scalars.iter(), points.iter())
+        decompress::vartime_multiscalar_mul(scalars, points)
             .mul_by_cofactor()
             .is_identity()
     }
