@@ -925,7 +925,8 @@ impl Sim {
                 let published = &r.published;
                 let ours = |s: &Hash| published.get(s).map(|st| st.governance_heads.iter().chain(&st.data_heads).copied().collect()).unwrap_or_default();
                 let wanted = r.engine.wanted(SYNC_IDS_MAX);
-                for req in peering::sync_requests(lacking, ours, wanted) {
+                let known = |h: &Hash| r.engine.op_state(h) != OpState::Unknown;
+                for req in peering::sync_requests(lacking, known, ours, wanted) {
                     self.stats.sync_requests += 1;
                     out.push((peer, Wire::Node(NodeMessage::SyncRequest(req).encode())));
                 }

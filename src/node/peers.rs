@@ -232,7 +232,10 @@ fn sync_requests(origin: u64, shared: &NodeShared) -> Vec<SyncRequest> {
         st.get(scope).map(|s| s.governance_heads.iter().chain(&s.data_heads).copied().collect()).unwrap_or_default()
     };
     let wanted = shared.pipeline.wanted.lock().unwrap().clone();
-    crate::peering::sync_requests(lacking, ours, wanted)
+    // Applied since the note: stored (a few point reads, of the newest ops,
+    // in the memtable).
+    let known = |id: &Hash| shared.reader.get(crate::core::Cf::Ops, id).ok().flatten().is_some();
+    crate::peering::sync_requests(lacking, known, ours, wanted)
 }
 
 async fn sync_once(
