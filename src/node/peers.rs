@@ -163,7 +163,11 @@ async fn serve_link(
                     }
                 }
                 if due.sync {
-                    for req in sync_requests(origin, shared) {
+                    // The round reads the store (`sync_requests`): off the
+                    // runtime's thread, as the answers' walks are.
+                    let sh = shared.clone();
+                    let reqs = tokio::task::spawn_blocking(move || sync_requests(origin, &sh)).await.unwrap_or_default();
+                    for req in reqs {
                         let fut = sync_once(origin, link, req, shared);
                         match tokio::time::timeout(Duration::from_millis(SYNC_TIMEOUT_MS), fut).await {
                             Ok(Ok(())) => {}
@@ -232,8 +236,9 @@ fn sync_requests(origin: u64, shared: &NodeShared) -> Vec<SyncRequest> {
         st.get(scope).map(|s| s.governance_heads.iter().chain(&s.data_heads).copied().collect()).unwrap_or_default()
     };
     let wanted = shared.pipeline.wanted.lock().unwrap().clone();
-    // Applied since the note: stored (a few point reads, of the newest ops,
-    // in the memtable).
+    // Applied since the note: stored (a point read per noted head, at most
+    // `LACKING_NOTES_MAX` notes of `HEARTBEAT_HEADS_MAX`; the newest ops,
+    // mostly in the memtable).
     let known = |id: &Hash| shared.reader.get(crate::core::Cf::Ops, id).ok().flatten().is_some();
     crate::peering::sync_requests(lacking, known, ours, wanted)
 }

@@ -406,6 +406,7 @@ mod ifma {
     /// in the same steps for every value.
     fn radix_16(s: &Scalar) -> [i8; 64] {
         let bytes = s.as_bytes();
+        debug_assert!(bytes[31] < 0x80, "a reduced scalar is below 2^255");
         let mut e = [0i8; 64];
         for i in 0..32 {
             e[2 * i] = (bytes[i] & 15) as i8;
