@@ -37,8 +37,8 @@
 //! add. The points go into the lanes and back by the same transmute, so
 //! the self-test compares sums with dalek's too. (curve25519-dalek 5.0 has
 //! an IFMA backend on stable Rust behind a crate-wide `--cfg`; in a scratch
-//! measurement its multiscalar sum was 1.29× dalek 4.1's, the lanes here
-//! 2–3× on a batch of 64.)
+//! measurement its multiscalar sum was 1.29× dalek 4.1's; with the lanes
+//! here a whole batch of 64 distinct keys verified 1.6–2.5× faster.)
 
 use curve25519_dalek::edwards::{CompressedEdwardsY, EdwardsPoint};
 use curve25519_dalek::scalar::Scalar;
