@@ -153,7 +153,7 @@ fn own_batches(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::Wal
 }
 
 /// Decompressing the `R` of 64 signatures: dalek one at a time, and
-/// `dagfold::protocol::decompress` (eight at a time where the CPU has IFMA).
+/// `dagfold::protocol::edwards_lanes` (eight at a time where the CPU has IFMA).
 fn decompress(c: &mut Criterion) {
     use curve25519_dalek::edwards::CompressedEdwardsY;
     let rs: Vec<[u8; 32]> = items(64).iter().map(|(_, _, sig)| sig[..32].try_into().unwrap()).collect();
@@ -162,9 +162,9 @@ fn decompress(c: &mut Criterion) {
     g.bench_function("curve25519_dalek", |b| {
         b.iter(|| assert!(black_box(&rs).iter().all(|r| CompressedEdwardsY(*r).decompress().is_some())))
     });
-    let name = if dagfold::protocol::decompress::accelerated() { "dagfold (IFMA)" } else { "dagfold (dalek fallback)" };
+    let name = if dagfold::protocol::edwards_lanes::accelerated() { "dagfold (IFMA)" } else { "dagfold (dalek fallback)" };
     g.bench_function(name, |b| {
-        b.iter(|| assert!(dagfold::protocol::decompress::decompress_many(black_box(&rs)).iter().all(|p| p.is_some())))
+        b.iter(|| assert!(dagfold::protocol::edwards_lanes::decompress_many(black_box(&rs)).iter().all(|p| p.is_some())))
     });
     g.finish();
 }

@@ -128,7 +128,7 @@ fn shuffled_duplicated_garbage_over_streams_and_connections() {
     assert!(n.metric("dagfold_received_total{verdict=\"duplicate\"}") > 0.0);
     // The node reports which decompression its verifiers use: IFMA on a CPU
     // that has it (the self-test passing), dalek's otherwise.
-    let ifma = if dagfold::protocol::decompress::accelerated() { 1.0 } else { 0.0 };
+    let ifma = if dagfold::protocol::edwards_lanes::accelerated() { 1.0 } else { 0.0 };
     assert_eq!(n.metric("dagfold_verify_ifma_decompression"), ifma);
     // Every store write's WAL and memtable time is recorded (a slow commit
     // is then either the disk's sync or the memtable), and the WAL, synced,

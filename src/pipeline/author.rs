@@ -172,7 +172,7 @@ pub(crate) fn sign(
 }
 
 /// Signs `ops` in place with the node's key, together (`Signer::sign_many`:
-/// one field inversion for eight signatures); each op's encoding (the
+/// eight `[r]B` at once and one field inversion for them); each op's encoding (the
 /// signature is its last 64 bytes, SPEC §3) and id, in order.
 ///
 /// The signatures are made by the node's own key over these ids: the

@@ -25,7 +25,7 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::Veri
     lower_priority(VERIFIER_NICE);
     // 1 when `R` points are decompressed with AVX-512 IFMA (the CPU has it
     // and the self-test against dalek passed), 0 on dalek's serial path.
-    gauge!("dagfold_verify_ifma_decompression").set(if crate::protocol::decompress::accelerated() { 1.0 } else { 0.0 });
+    gauge!("dagfold_verify_ifma_decompression").set(if crate::protocol::edwards_lanes::accelerated() { 1.0 } else { 0.0 });
     let verified_total = counter!("dagfold_verified_total");
     let skipped_total = counter!("dagfold_verify_known_copies_total");
     for mut batch in rx {

@@ -2,7 +2,7 @@
 pub mod codec;
 pub mod crypto;
 pub mod node;
-pub mod decompress;
+pub mod edwards_lanes;
 pub mod sha_lanes;
 pub mod sig;
 pub mod types;

@@ -38,7 +38,7 @@ use curve25519_dalek::traits::IsIdentity;
 use ed25519_dalek::{Signer as _, SigningKey};
 use sha2::{Digest, Sha512};
 
-use super::decompress;
+use super::edwards_lanes;
 
 /// An Ed25519 public key, as its 32-byte encoding (SPEC §2).
 pub type PublicKey = [u8; 32];
@@ -126,14 +126,14 @@ fn decode_keys<'a>(keys: impl Iterator<Item = &'a [u8; 32]>) -> (HashMap<[u8; 32
     let mut testable: Vec<[u8; 32]> = Vec::new();
     for pk in keys {
         slots.entry(*pk).or_insert_with(|| {
-            if is_canonical_encoding(pk) && !is_small_order_encoding(pk) {
+            if passes_encoding_tests(pk) {
                 testable.push(*pk);
             }
             None
         });
     }
     let mut minus_keys: Vec<EdwardsPoint> = Vec::with_capacity(testable.len());
-    for (pk, point) in testable.iter().zip(decompress::decompress_many(&testable)) {
+    for (pk, point) in testable.iter().zip(edwards_lanes::decompress_many(&testable)) {
         if let Some(a) = point {
             minus_keys.push(-a);
             slots.insert(*pk, Some(minus_keys.len() - 1));
@@ -159,14 +159,14 @@ fn batch_entries<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> (Vec<Entr
         let Some(key) = key_slots[pk] else { continue };
         let Some(s) = decode_s(sig) else { continue };
         let r: [u8; 32] = sig[..32].try_into().expect("64-byte signature");
-        if !is_canonical_encoding(&r) || is_small_order_encoding(&r) {
+        if !passes_encoding_tests(&r) {
             continue;
         }
         passed.push((index, key, s));
         r_bytes.push(r);
     }
     let mut entries: Vec<Entry> = Vec::with_capacity(passed.len());
-    for ((index, key, s), r) in passed.into_iter().zip(decompress::decompress_many(&r_bytes)) {
+    for ((index, key, s), r) in passed.into_iter().zip(edwards_lanes::decompress_many(&r_bytes)) {
         let Some(r) = r else { continue };
         let (pk, msg, sig) = &items[index];
         let k = challenge(&sig[..32], pk, msg.as_ref());
@@ -208,7 +208,7 @@ impl Signer {
     }
 
     /// `sign` of each message, in order, with the `R`s computed together
-    /// (`decompress::mul_base_many`: eight `[r]B` at once in the lanes of
+    /// (`edwards_lanes::mul_base_many`: eight `[r]B` at once in the lanes of
     /// AVX-512 IFMA, and one field inversion for the eight). RFC 8032's steps as
     /// ed25519-dalek takes them: `r = SHA-512(prefix || M)`, `R = [r]B`,
     /// `k = SHA-512(R || A || M)`, `S = r + k·a`; the signatures are
@@ -218,7 +218,7 @@ impl Signer {
             .iter()
             .map(|m| Scalar::from_hash(Sha512::new().chain_update(self.expanded.hash_prefix).chain_update(m)))
             .collect();
-        let encodings = super::decompress::mul_base_many(&rs);
+        let encodings = super::edwards_lanes::mul_base_many(&rs);
         let public = self.key.verifying_key().to_bytes();
         messages
             .iter()
@@ -272,10 +272,16 @@ pub fn is_canonical_encoding(bytes: &[u8; 32]) -> bool {
 /// Decode a point that passes the encoding tests of SPEC §1: it decompresses,
 /// its encoding is canonical, and it is not of small order.
 fn decode_point(bytes: &[u8; 32]) -> Option<EdwardsPoint> {
-    if !is_canonical_encoding(bytes) || is_small_order_encoding(bytes) {
+    if !passes_encoding_tests(bytes) {
         return None;
     }
     CompressedEdwardsY(*bytes).decompress()
+}
+
+/// SPEC §1's tests of a point's bytes, before it is decompressed: the
+/// encoding is canonical and not one of a small-order point.
+fn passes_encoding_tests(bytes: &[u8; 32]) -> bool {
+    is_canonical_encoding(bytes) && !is_small_order_encoding(bytes)
 }
 
 /// The small-order test of SPEC §1 on a canonical encoding, decided on the
@@ -463,7 +469,7 @@ impl Batch<'_> {
         scalars.push(a_coefficient);
         points.push(self.minus_keys[run]);
 
-        decompress::vartime_multiscalar_mul(scalars, points)
+        edwards_lanes::vartime_multiscalar_mul(scalars, points)
             .mul_by_cofactor()
             .is_identity()
     }
