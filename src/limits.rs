@@ -49,14 +49,26 @@ pub const HOT_APPLIED_MAX: usize = 1 << 18;
 pub const COLD_FILTER_BYTES: usize = 16 << 20;
 
 /// Governance states at a cut kept in the cache. Data ops overwhelmingly use
-/// the current governance heads; a handful of older cuts are in use while
-/// writers catch up with a governance change. The least recently used entry
-/// is evicted, one at a time (`core::governance`), not all when full: a flood of distinct
-/// cuts then recomputes its own cuts, not those of every honest op. (The
+/// their scope's current governance heads; a handful of older cuts are in
+/// use while writers catch up with a governance change. A node holds many
+/// scopes written at once, each with its own heads (and the single-op
+/// shortcut reads its parent's state): the cache holds two cuts for each of
+/// 32k scopes, within `GOV_CUT_CACHE_WEIGHT_MAX`. With 256 (before
+/// 2026-12-05) `scopes_10k` recomputed a state for nearly every op. The
+/// least recently used entries are evicted, as few as make room
+/// (`core::governance`), not all when full: a flood of distinct cuts then
+/// recomputes its own cuts, not those of every honest op. (The
 /// keys ever made members of a scope, checked before any cut is computed,
 /// need no bound of their own: one per accepted genesis or `AddMember`,
 /// and those are bounded by what the scope's admins sign.)
-pub const GOV_CUT_CACHE_MAX: usize = 256;
+pub const GOV_CUT_CACHE_MAX: usize = 65_536;
+
+/// The weight of the cached governance states in all
+/// (`GovState::weight`: members, their X25519 keys, key ids and
+/// ancestors, about 100 bytes each): ~50 MB at most in each of the two
+/// caches (the engine's and the pipeline's replica), whatever the scopes'
+/// sizes; a scope of 20 members and a few key rotations weighs ~50.
+pub const GOV_CUT_CACHE_WEIGHT_MAX: usize = 1 << 19;
 
 /// Work items one cascade may process before it asserts: a cascade releases
 /// each buffered op at most once per dependency (≤ 64), so it can never

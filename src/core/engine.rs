@@ -32,7 +32,7 @@ use super::types::{BufKind, Config, GenesisPolicy, Identity, Outcome, Reason, St
 use super::{IdMap, IdSet};
 use crate::limits;
 use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, decode_op, Decoded};
-use crate::protocol::crypto::{open_key_delivery, open_payload};
+use crate::protocol::crypto::{open_key_delivery_to, open_payload};
 use crate::protocol::*;
 
 #[derive(Clone, Copy, Debug)]
@@ -456,7 +456,7 @@ impl Engine {
             self.stats.keys_ignored += 1;
             return Outcome::KeyIgnored;
         }
-        let Some(key) = open_key_delivery(kd, &self.identity.kem_secret) else {
+        let Some(key) = open_key_delivery_to(kd, &self.identity.kem_secret, &self.identity.kem_public) else {
             self.stats.keys_ignored += 1;
             return Outcome::KeyIgnored;
         };

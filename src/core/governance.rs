@@ -16,7 +16,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::limits::GOV_CUT_CACHE_MAX;
+use crate::limits::{GOV_CUT_CACHE_MAX, GOV_CUT_CACHE_WEIGHT_MAX};
 use crate::protocol::{GovAction, Hash, PublicKey, Role};
 
 /// An accepted governance op (genesis included), as `G` needs it.
@@ -44,6 +44,13 @@ impl GovState {
 
     pub fn role(&self, member: &PublicKey) -> Option<Role> {
         self.members.get(member).copied()
+    }
+
+    /// What the state holds, in entries (members, their X25519 keys, key
+    /// ids, ancestors), for the cache's bound: its memory is about 100
+    /// bytes per entry.
+    pub fn weight(&self) -> usize {
+        1 + self.members.len() + self.kem.len() + self.keyring.len() + self.ancestors.len()
     }
 
     fn apply(&mut self, author: &PublicKey, actions: &[GovAction]) {
@@ -75,7 +82,6 @@ impl GovState {
     }
 }
 
-#[derive(Default)]
 pub struct Governance {
     nodes: super::IdMap<Hash, GovNode>,
     /// The scope of every indexed op whose scope is known: a genesis is its
@@ -98,7 +104,28 @@ pub struct Governance {
     pub cache_misses: u64,
 }
 
+impl Default for Governance {
+    fn default() -> Self {
+        Governance::with_cache(GOV_CUT_CACHE_MAX, GOV_CUT_CACHE_WEIGHT_MAX)
+    }
+}
+
 impl Governance {
+    /// With a cache of at most `entries` states weighing at most `weight`
+    /// in all (`GovState::weight`).
+    fn with_cache(entries: usize, weight: usize) -> Self {
+        assert!(entries >= 1 && entries < NIL as usize);
+        Governance {
+            nodes: Default::default(),
+            scope_of: Default::default(),
+            unscoped: Vec::new(),
+            members_ever: Default::default(),
+            cache: CutCache::new(entries, weight),
+            cache_hits: 0,
+            cache_misses: 0,
+        }
+    }
+
     /// Indexes an accepted governance op (its parents are accepted too, and
     /// indexed by the time `ever_member` or `state_at` is next called).
     pub fn insert(&mut self, id: Hash, node: GovNode) {
@@ -242,26 +269,38 @@ fn note_scope(
     }
 }
 
-/// `G` at up to `GOV_CUT_CACHE_MAX` cuts; when full, the least recently
-/// used one goes. A cut used within the last `GOV_CUT_CACHE_MAX` distinct
-/// cuts stays, so the cuts honest ops share (the current heads, a parent's
-/// state for the single-op shortcut) outlive any flood of cuts used once,
-/// and a miss costs one recomputation of its own cut, never of every cut at
-/// once. (CLOCK would only set a bit on a hit, but a flood that marks its
-/// own entries, as the single-op shortcut marks a parent's, turns it into
-/// FIFO, which evicts the hot cut every `GOV_CUT_CACHE_MAX` misses.) The
-/// use order is a doubly linked list through the slots: O(1) per use.
+/// `G` at up to `GOV_CUT_CACHE_MAX` cuts weighing at most
+/// `GOV_CUT_CACHE_WEIGHT_MAX` in all; when full, the least recently used
+/// ones go, as few as make room. A cut used within the last few thousand
+/// distinct cuts stays, so the cuts honest ops share (each scope's current
+/// heads, a parent's state for the single-op shortcut) outlive any flood
+/// of cuts used once, and a miss costs one recomputation of its own cut,
+/// never of every cut at once. (CLOCK would only set a bit on a hit, but a
+/// flood that marks its own entries, as the single-op shortcut marks a
+/// parent's, turns it into FIFO, which evicts the hot cut every
+/// `GOV_CUT_CACHE_MAX` misses.) The use order is a doubly linked list
+/// through the slots: O(1) per use. A state heavier than the whole bound is
+/// not kept.
 struct CutCache {
     index: super::IdMap<Vec<Hash>, u32>,
     slots: Vec<CutSlot>,
+    /// Slots of evicted states, their state dropped, for the next insert.
+    free: Vec<u32>,
     /// The most and the least recently used slot (`NIL`: none).
     newest: u32,
     oldest: u32,
+    entries_max: usize,
+    weight_max: usize,
+    /// The weight of the states indexed.
+    weight: usize,
+    /// What an evicted slot holds until it is reused.
+    empty: Arc<GovState>,
 }
 
 struct CutSlot {
     cut: Vec<Hash>,
     state: Arc<GovState>,
+    weight: usize,
     newer: u32,
     older: u32,
 }
@@ -269,13 +308,21 @@ struct CutSlot {
 const NIL: u32 = u32::MAX;
 const _: () = assert!(GOV_CUT_CACHE_MAX >= 1 && GOV_CUT_CACHE_MAX < NIL as usize);
 
-impl Default for CutCache {
-    fn default() -> Self {
-        CutCache { index: Default::default(), slots: Vec::new(), newest: NIL, oldest: NIL }
-    }
-}
-
 impl CutCache {
+    fn new(entries_max: usize, weight_max: usize) -> Self {
+        CutCache {
+            index: Default::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            newest: NIL,
+            oldest: NIL,
+            entries_max,
+            weight_max,
+            weight: 0,
+            empty: Arc::new(GovState::default()),
+        }
+    }
+
     fn peek(&self, cut: &[Hash]) -> Option<Arc<GovState>> {
         self.index.get(cut).map(|&i| self.slots[i as usize].state.clone())
     }
@@ -291,20 +338,41 @@ impl CutCache {
 
     fn insert(&mut self, cut: Vec<Hash>, state: Arc<GovState>) {
         assert!(!self.index.contains_key(&cut), "inserting a cached cut");
-        let slot = CutSlot { cut: cut.clone(), state, newer: NIL, older: NIL };
-        let i = if self.slots.len() < GOV_CUT_CACHE_MAX {
-            self.slots.push(slot);
-            (self.slots.len() - 1) as u32
-        } else {
-            let i = self.oldest;
-            self.unlink(i);
-            let old = std::mem::replace(&mut self.slots[i as usize], slot);
-            self.index.remove(&old.cut);
-            i
+        let weight = state.weight();
+        if weight > self.weight_max {
+            return;
+        }
+        while self.index.len() >= self.entries_max || self.weight + weight > self.weight_max {
+            self.evict_oldest();
+        }
+        let slot = CutSlot { cut: cut.clone(), state, weight, newer: NIL, older: NIL };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
         };
+        self.weight += weight;
         self.push_newest(i);
         self.index.insert(cut, i);
-        debug_assert_eq!(self.index.len(), self.slots.len());
+        debug_assert_eq!(self.index.len() + self.free.len(), self.slots.len());
+    }
+
+    fn evict_oldest(&mut self) {
+        let i = self.oldest;
+        assert_ne!(i, NIL, "evicting from an empty cache");
+        self.unlink(i);
+        let slot = &mut self.slots[i as usize];
+        self.index.remove(&slot.cut);
+        self.weight -= slot.weight;
+        slot.cut = Vec::new();
+        slot.state = self.empty.clone();
+        slot.weight = 0;
+        self.free.push(i);
     }
 
     fn unlink(&mut self, i: u32) {
@@ -356,7 +424,10 @@ mod tests {
 
     /// A chain of `n` ops after a genesis, ids 1..=n after the genesis's 0.
     fn chain(n: u32) -> Governance {
-        let mut g = Governance::default();
+        chain_into(Governance::default(), n)
+    }
+
+    fn chain_into(mut g: Governance, n: u32) -> Governance {
         g.insert(id(0), genesis(key(1)));
         for i in 1..=n {
             g.insert(id(i), add(id(i - 1), i, key(1), key(2)));
@@ -364,12 +435,18 @@ mod tests {
         g
     }
 
-    /// After `GOV_CUT_CACHE_MAX + 1` distinct cuts, only the first is gone:
-    /// the most recent `GOV_CUT_CACHE_MAX` are all hits.
+    /// A chain of `n` ops with a cache of `entries` states of any weight.
+    fn chain_cached(n: u32, entries: usize) -> Governance {
+        chain_into(Governance::with_cache(entries, usize::MAX), n)
+    }
+
+    /// After `entries + 1` distinct cuts, only the first is gone: the most
+    /// recent `entries` are all hits.
     #[test]
     fn the_cut_cache_evicts_one_entry_at_a_time() {
-        let n = GOV_CUT_CACHE_MAX as u32 + 1;
-        let mut g = chain(n);
+        let entries = 256;
+        let n = entries as u32 + 1;
+        let mut g = chain_cached(n, entries);
         for i in 1..=n {
             g.state_at(&[id(i)]);
         }
@@ -387,8 +464,8 @@ mod tests {
     /// the one computed from scratch.
     #[test]
     fn a_cut_in_use_outlives_a_flood_of_cuts_used_once() {
-        let n = 4 * GOV_CUT_CACHE_MAX as u32;
-        let mut g = chain(n);
+        let n = 4 * 256;
+        let mut g = chain_cached(n, 256);
         let hot = [id(n)];
         g.state_at(&hot);
         for i in 1..n {
@@ -397,6 +474,38 @@ mod tests {
             let misses = g.cache_misses;
             g.state_at(&hot);
             assert_eq!(g.cache_misses, misses, "the hot cut stays cached");
+        }
+    }
+
+    /// States weighing more than the bound in all: the least recently used
+    /// go until the new one fits, and one heavier than the bound is not
+    /// kept; what is served equals the state computed from scratch.
+    #[test]
+    fn the_cut_cache_keeps_its_weight_bound() {
+        // Cut `{i}` weighs 1 + members 2 + kem 1 + keyring 1 + ancestors
+        // i + 1 = i + 6.
+        let mut g = chain_into(Governance::with_cache(1_000, 40), 40);
+        for i in [1, 2, 3] {
+            g.state_at(&[id(i)]);
+        }
+        assert_eq!(g.cache.weight, 7 + 8 + 9);
+        g.state_at(&[id(20)]);
+        assert_eq!(g.cache.weight, 9 + 26, "the two oldest went to make room");
+        assert_eq!(g.cache.index.len(), 2);
+        let misses = g.cache_misses;
+        g.state_at(&[id(3)]);
+        assert_eq!(g.cache_misses, misses, "cut 3 stayed");
+        g.state_at(&[id(1)]);
+        assert_eq!(g.cache_misses, misses + 1, "cut 1 was evicted");
+        let heavy = g.state_at(&[id(35)]);
+        assert_eq!(heavy.weight(), 41);
+        assert!(g.cache.peek(&[id(35)]).is_none(), "heavier than the bound: not kept");
+        assert!(g.cache.weight <= 40);
+        for i in 1..=40 {
+            let s = g.state_at(&[id(i)]);
+            assert_eq!(s.ancestors, g.compute(&[id(i)]).ancestors);
+            assert_eq!(s.members, g.compute(&[id(i)]).members);
+            assert!(g.cache.weight <= 40);
         }
     }
 

@@ -140,8 +140,16 @@ pub fn seal_key_delivery(
 /// all zero, the seal does not open, or the key is not 32 bytes hashing to
 /// `key_id`. The caller checks `recipient`.
 pub fn open_key_delivery(kd: &KeyDelivery, kem_secret: &[u8; 32]) -> Option<[u8; 32]> {
+    open_key_delivery_to(kd, kem_secret, &x25519_public(kem_secret))
+}
+
+/// `open_key_delivery` with the recipient's X25519 public key already
+/// known (`kem_public = x25519_public(kem_secret)`): a fixed-base
+/// multiplication less per delivery, a quarter of its cost.
+pub fn open_key_delivery_to(kd: &KeyDelivery, kem_secret: &[u8; 32], kem_public: &[u8; 32]) -> Option<[u8; 32]> {
+    debug_assert_eq!(*kem_public, x25519_public(kem_secret), "the public key of the secret");
     let r = x25519_dalek::StaticSecret::from(*kem_secret);
-    let recipient_kem = x25519_dalek::PublicKey::from(&r).to_bytes();
+    let recipient_kem = *kem_public;
     let shared = r.diffie_hellman(&x25519_dalek::PublicKey::from(kd.ephemeral)).to_bytes();
     if shared == [0u8; 32] {
         return None;
