@@ -384,3 +384,27 @@ fn a_pending_op_woken_into_a_key_wait_survives_a_restart() {
     assert_eq!(again.op_state(&data[2].id), OpState::Unknown);
     assert_eq!(again.handle_frame(&data[2].frame, 0), Outcome::NotYet(BufKind::DataKeyWait), "a later copy is judged afresh");
 }
+
+/// A scope's status names the members at its governance heads, read again
+/// whenever the heads move (the engine keeps them between statuses): after
+/// the genesis only its author, after the members op every member, after
+/// a removal one fewer (a key rotation between them changes no member).
+#[test]
+fn the_status_follows_the_members_as_the_governance_heads_move() {
+    let w = workload(WorkloadConfig { data_ops: 20, writers: 2, rotate_at: Some(8), remove_writer_at: Some(12), ..Default::default() });
+    let mut e = Engine::new(Config::default(), node());
+    let mut seen = Vec::new();
+    for m in &w.messages {
+        e.handle_frame(&m.frame, 0);
+        if let Some(st) = e.status(&w.scope) {
+            let mut expected: Vec<PublicKey> = e.governance_at(&st.governance_heads).expect("the heads are applied").members.keys().copied().collect();
+            expected.sort_unstable();
+            let members: Vec<PublicKey> = st.members.iter().map(|(k, _)| *k).collect();
+            assert_eq!(members, expected, "the members at the heads");
+            if seen.last() != Some(&members.len()) {
+                seen.push(members.len());
+            }
+        }
+    }
+    assert_eq!(seen, [1, 4, 3], "its author alone, then with two writers and the node, then a writer less");
+}

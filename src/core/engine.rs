@@ -57,6 +57,12 @@ pub(super) struct ScopeState {
     pub(super) id: Hash,
     pub(super) genesis_applied: bool,
     pub(super) gov_heads: BTreeSet<Hash>,
+    /// The members at `gov_heads`, sorted by key, once a status asked for
+    /// them; `None` again whenever `gov_heads` change. (A status is asked
+    /// for every scope a commit touches: with thousands of scopes written
+    /// at once, the state at the heads and its sort cost more than the
+    /// rest of the status.)
+    pub(super) members_at_heads: Option<Vec<(PublicKey, Role)>>,
     pub(super) data_heads: BTreeSet<Hash>,
     pub(super) applied: u64,
     pub(super) event_seq: u64,
@@ -69,6 +75,7 @@ impl ScopeState {
             id,
             genesis_applied: false,
             gov_heads: BTreeSet::new(),
+            members_at_heads: None,
             data_heads: BTreeSet::new(),
             applied: 0,
             event_seq: 0,
@@ -857,6 +864,7 @@ impl Engine {
                     s.gov_heads.remove(p);
                 }
                 s.gov_heads.insert(id);
+                s.members_at_heads = None;
                 s.applied += 1;
                 s.dirty = true;
             }

@@ -54,10 +54,17 @@ impl Engine {
             return None;
         }
         let root = self.root_of(id);
-        let heads: Vec<Hash> = self.scopes[i as usize].gov_heads.iter().copied().collect();
-        let mut members: Vec<(PublicKey, Role)> =
-            self.governance_at(&heads).map(|g| g.members.iter().map(|(k, r)| (*k, *r)).collect()).unwrap_or_default();
-        members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let members = match &self.scopes[i as usize].members_at_heads {
+            Some(m) => m.clone(),
+            None => {
+                let heads: Vec<Hash> = self.scopes[i as usize].gov_heads.iter().copied().collect();
+                let mut members: Vec<(PublicKey, Role)> =
+                    self.governance_at(&heads).map(|g| g.members.iter().map(|(k, r)| (*k, *r)).collect()).unwrap_or_default();
+                members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                self.scopes[i as usize].members_at_heads = Some(members.clone());
+                members
+            }
+        };
         let (s, c) = (&self.scopes[i as usize], self.buffers.counts(i));
         Some(ScopeStatus {
             scope: s.id,

@@ -82,6 +82,7 @@ impl Engine {
                 let s = &mut e.scopes[i as usize];
                 s.genesis_applied = rec.genesis_applied;
                 s.gov_heads = rec.gov_heads.into_iter().collect();
+                s.members_at_heads = None;
                 s.data_heads = rec.data_heads.into_iter().collect();
                 s.applied = rec.applied;
                 s.event_seq = rec.event_seq;
