@@ -188,34 +188,57 @@ fn three_nodes_converge_by_heartbeat_and_sync() {
     }
 }
 
+/// Node 1 is killed while ops stream in, restarts, and catches up from its
+/// peer. Node 0 learns node 1's key only after the kill (until then it
+/// neither gossips to it nor serves it, SPEC §10), and the stream comes in
+/// chunks with pauses between them, so that node 1 cannot have applied
+/// everything by the time the test sees its first ops applied: with the
+/// whole stream at once and node 0 gossiping too, a test thread starved by
+/// the other tests' nodes on two cores once saw the kill land after the
+/// last op.
 #[test]
 fn sigkilled_node_restarts_and_converges_with_its_peer() {
     let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (l0, l1) = (loopback(free_port()), loopback(free_port()));
     let (p0, p1) = (peer_flags(d0.path(), l0), peer_flags(d1.path(), l1));
-    let n0 = NodeProc::start(d0.path(), l0, loopback(free_port()), &[&p1[..], &["--heartbeat-ms".into(), "200".into()]].concat());
-    let mut n1 = NodeProc::start(d1.path(), l1, loopback(free_port()), &[&p0[..], &["--heartbeat-ms".into(), "200".into()]].concat());
-    // Enough ops that node 1 takes a while over them (3,000 took it under
-    // one status interval, so a kill "while they flow" landed after them).
+    let beat = ["--heartbeat-ms".to_string(), "200".to_string()];
+    let mut n0 = NodeProc::start(d0.path(), l0, loopback(free_port()), &beat);
+    let mut n1 = NodeProc::start(d1.path(), l1, loopback(free_port()), &[&p0[..], &beat[..]].concat());
     let w = workload_for(&n0, &WorkloadConfig { seed: 5, data_ops: 10_000, writers: 2, ..Default::default() });
     let keys = deliveries_for(&w, &[&n1]);
     let all: Vec<Vec<u8>> = w.messages.iter().map(|m| m.frame.clone()).collect();
     send_frames(n0.listen, &all, 1, 1);
-    // Stream everything into node 1 and kill it while the ops flow.
+    // Stream everything into node 1, 500 frames at a time 50 ms apart
+    // (at least a second in all), and kill it while the ops flow; the
+    // sender sends no chunk after the kill.
     let l1c = n1.listen;
     let frames = [keys, all.clone()].concat();
-    let sender = std::thread::spawn(move || send_frames(l1c, &frames, 1, 1));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let sender = std::thread::spawn(move || {
+        for chunk in frames.chunks(500) {
+            if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            send_frames(l1c, chunk, 1, 1);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
     // Killed once it has applied some of them (a condition, not a sleep:
     // on a busy machine the node may not have started within any fixed
     // time), and the kill must land before it applied them all.
     let total = w.messages.iter().filter(|m| m.id != [0; 32]).count() as u64;
     let kill_at = total / 20;
     assert!(wait_until_every(Duration::from_secs(60), Duration::from_millis(2), || applied(&n1, &w.scope) >= kill_at), "node 1 applied nothing: {:?}", n1.scope(&w.scope));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
     n1.kill();
     let _ = sender.join();
     let on_disk = applied_on_disk(&n1.data_dir, &w.scope);
     assert!((kill_at..total).contains(&on_disk), "the kill landed mid-stream: {on_disk} of {total} applied on disk");
     eprintln!("killed with {on_disk} of {total} ops applied on disk");
+    // Node 0 now knows node 1 by key, and serves it.
+    n0.stop();
+    let n0 = NodeProc::start(d0.path(), n0.listen, n0.admin, &[&p1[..], &beat[..]].concat());
     n1.restart();
     for n in [&n0, &n1] {
         // Generous: catching up 10,000 ops on a busy machine.
