@@ -70,6 +70,12 @@ pub const GOV_CUT_CACHE_MAX: usize = 65_536;
 /// sizes; a scope of 20 members and a few key rotations weighs ~50.
 pub const GOV_CUT_CACHE_WEIGHT_MAX: usize = 1 << 19;
 
+/// Decompressed Ed25519 keys kept per verifying thread
+/// (`protocol::sig`'s key cache): ~200 bytes each, ~13 MB per verifier at
+/// most. Enough for every author of 32k scopes of a few writers each, or a
+/// group of thousands, to be decompressed once rather than in every batch.
+pub const KEY_CACHE_MAX: usize = 65_536;
+
 /// Work items one cascade may process before it asserts: a cascade releases
 /// each buffered op at most once per dependency (≤ 64), so it can never
 /// exceed 64 × the buffered-op bound. Guards against a logic error looping.

@@ -116,30 +116,105 @@ pub fn verify_batch_messages<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) 
 }
 
 /// Each distinct key's slot in the negated decoded keys (None: it fails
-/// `decode_point`'s tests), and those keys. The keys that pass the tests on
-/// the bytes are decompressed in one call, eight at a time where the CPU
+/// `decode_point`'s tests), and those keys. A key seen lately on this
+/// thread comes from its `KeyCache`; the others that pass the tests on the
+/// bytes are decompressed in one call, eight at a time where the CPU
 /// allows: a batch from many authors has as many keys as signatures
 /// (authors_1k, scopes_10k), and dalek's one-at-a-time decompression was
 /// as costly as the batch's `R`s were before theirs went eight at a time.
 fn decode_keys<'a>(keys: impl Iterator<Item = &'a [u8; 32]>) -> (HashMap<[u8; 32], Option<usize>>, Vec<EdwardsPoint>) {
-    let mut slots: HashMap<[u8; 32], Option<usize>> = HashMap::new();
-    let mut testable: Vec<[u8; 32]> = Vec::new();
-    for pk in keys {
-        slots.entry(*pk).or_insert_with(|| {
-            if passes_encoding_tests(pk) {
-                testable.push(*pk);
+    KEYS.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let mut slots: HashMap<[u8; 32], Option<usize>> = HashMap::new();
+        let mut minus_keys: Vec<EdwardsPoint> = Vec::new();
+        let mut testable: Vec<[u8; 32]> = Vec::new();
+        for pk in keys {
+            if slots.contains_key(pk) {
+                continue;
             }
-            None
-        });
-    }
-    let mut minus_keys: Vec<EdwardsPoint> = Vec::with_capacity(testable.len());
-    for (pk, point) in testable.iter().zip(edwards_lanes::decompress_many(&testable)) {
-        if let Some(a) = point {
-            minus_keys.push(-a);
-            slots.insert(*pk, Some(minus_keys.len() - 1));
+            let slot = match cache.get(pk) {
+                Some(Some(minus)) => {
+                    minus_keys.push(minus);
+                    Some(minus_keys.len() - 1)
+                }
+                Some(None) => None,
+                None => {
+                    if passes_encoding_tests(pk) {
+                        testable.push(*pk);
+                    } else {
+                        cache.insert(*pk, None);
+                    }
+                    None
+                }
+            };
+            slots.insert(*pk, slot);
+        }
+        for (pk, point) in testable.iter().zip(edwards_lanes::decompress_many(&testable)) {
+            let minus = point.map(|a| -a);
+            cache.insert(*pk, minus);
+            if let Some(minus) = minus {
+                minus_keys.push(minus);
+                slots.insert(*pk, Some(minus_keys.len() - 1));
+            }
+        }
+        (slots, minus_keys)
+    })
+}
+
+thread_local! {
+    static KEYS: std::cell::RefCell<KeyCache> = std::cell::RefCell::new(KeyCache::default());
+}
+
+/// The negated decompressed keys of the batches this thread verified lately
+/// (`None`: the key fails `decode_point`'s tests), so that an author's key
+/// is decompressed once, not once per batch: in `authors_1k` each of a
+/// batch's ~60 keys was decompressed again, half the batch's decompressions.
+/// A pure function's results, so it changes no verdict. Two generations of
+/// at most `KEY_CACHE_MAX / 2` keys each: when the newer fills, the older is
+/// dropped and the newer takes its place; a key found in the older moves to
+/// the newer. So a key used within the last `KEY_CACHE_MAX / 2` distinct
+/// keys is found, whatever keys an attacker adds.
+#[derive(Default)]
+struct KeyCache {
+    newer: HashMap<[u8; 32], Option<EdwardsPoint>>,
+    older: HashMap<[u8; 32], Option<EdwardsPoint>>,
+    hits: u64,
+    misses: u64,
+}
+
+impl KeyCache {
+    fn get(&mut self, key: &[u8; 32]) -> Option<Option<EdwardsPoint>> {
+        if let Some(v) = self.newer.get(key) {
+            self.hits += 1;
+            return Some(*v);
+        }
+        match self.older.remove(key) {
+            Some(v) => {
+                self.hits += 1;
+                self.insert(*key, v);
+                Some(v)
+            }
+            None => {
+                self.misses += 1;
+                None
+            }
         }
     }
-    (slots, minus_keys)
+
+    fn insert(&mut self, key: [u8; 32], value: Option<EdwardsPoint>) {
+        if self.newer.len() >= crate::limits::KEY_CACHE_MAX / 2 {
+            self.older = std::mem::take(&mut self.newer);
+        }
+        self.newer.insert(key, value);
+    }
+}
+
+/// This thread's key cache: hits, misses and the keys it holds (tests).
+pub fn key_cache_stats() -> (u64, u64, usize) {
+    KEYS.with(|c| {
+        let c = c.borrow();
+        (c.hits, c.misses, c.newer.len() + c.older.len())
+    })
 }
 
 /// The items of a batch that pass the per-item tests, decoded, with their
@@ -540,6 +615,75 @@ mod tests {
             assert_eq!(together, alone, "{n} messages");
             assert!(messages.iter().zip(&together).all(|(m, s)| verify(&public_key_from_seed(&seed), m, s)));
         }
+    }
+
+    /// A key seen in an earlier batch on this thread is not decompressed
+    /// again, one that fails the tests or the curve included, and the
+    /// verdicts are the single check's either way; the cache holds at most
+    /// `KEY_CACHE_MAX` keys however many come.
+    #[test]
+    fn keys_are_decompressed_once_per_thread_within_the_bound() {
+        std::thread::spawn(|| {
+            let message = [9u8; 32];
+            let mut items: Vec<([u8; 32], [u8; 32], [u8; 64])> = (0..20u8)
+                .map(|i| {
+                    let seed = [i + 1; 32];
+                    (public_key_from_seed(&seed), message, sign(&seed, &message))
+                })
+                .collect();
+            let off_curve = (0u8..=255)
+                .map(|b| {
+                    let mut k = [0u8; 32];
+                    k[0] = b;
+                    k[1] = 1;
+                    k
+                })
+                .find(|k| passes_encoding_tests(k) && CompressedEdwardsY(*k).decompress().is_none())
+                .expect("a y with no x");
+            let non_canonical = [0xff; 32];
+            let small_order = curve25519_dalek::constants::EIGHT_TORSION[1].compress().to_bytes();
+            let forged = items[0].2;
+            for key in [off_curve, non_canonical, small_order] {
+                items.push((key, message, forged));
+            }
+            items.push((items[3].0, [1; 32], items[3].2)); // a repeated key, a wrong message
+            let distinct = 23;
+            let single: Vec<bool> = items.iter().map(|(k, m, sig)| verify(k, m, sig)).collect();
+            assert_eq!(single.iter().filter(|v| **v).count(), 20);
+
+            let first = verify_batch(&items);
+            let (hits, misses, held) = key_cache_stats();
+            assert_eq!((hits, misses, held), (0, distinct, distinct as usize), "every key decoded once");
+            let again = verify_batch(&items);
+            let (hits, misses, _) = key_cache_stats();
+            assert_eq!((hits, misses), (distinct, distinct), "no key decoded again");
+            assert_eq!(first, single);
+            assert_eq!(again, single);
+
+            // Many more keys than the bound: the cache holds no more than it.
+            let mut rng_key = [0u8; 32];
+            for chunk in 0..(crate::limits::KEY_CACHE_MAX / 256 + 8) {
+                let keys: Vec<[u8; 32]> = (0..256u32)
+                    .map(|i| {
+                        rng_key[..4].copy_from_slice(&(chunk as u32).to_le_bytes());
+                        rng_key[4..8].copy_from_slice(&i.to_le_bytes());
+                        rng_key
+                    })
+                    .collect();
+                decode_keys(keys.iter());
+            }
+            let (_, _, held) = key_cache_stats();
+            assert!(held <= crate::limits::KEY_CACHE_MAX, "{held} keys held");
+            assert!(held >= crate::limits::KEY_CACHE_MAX / 2);
+            // The newest keys are still found; the first batch's are gone.
+            let (hits, misses, _) = key_cache_stats();
+            decode_keys([rng_key].iter());
+            assert_eq!(key_cache_stats().0, hits + 1);
+            decode_keys([items[0].0].iter());
+            assert_eq!(key_cache_stats().1, misses + 1);
+        })
+        .join()
+        .unwrap();
     }
 
     /// The combined check of a batch holds at once for honest signatures
