@@ -58,11 +58,16 @@ impl Engine {
             Some(m) => m.clone(),
             None => {
                 let heads: Vec<Hash> = self.scopes[i as usize].gov_heads.iter().copied().collect();
-                let mut members: Vec<(PublicKey, Role)> =
-                    self.governance_at(&heads).map(|g| g.members.iter().map(|(k, r)| (*k, *r)).collect()).unwrap_or_default();
-                members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-                self.scopes[i as usize].members_at_heads = Some(members.clone());
-                members
+                match self.governance_at(&heads) {
+                    Some(g) => {
+                        let mut members: Vec<(PublicKey, Role)> = g.members.iter().map(|(k, r)| (*k, *r)).collect();
+                        members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                        self.scopes[i as usize].members_at_heads = Some(members.clone());
+                        members
+                    }
+                    // Not kept: the heads' state is not indexed (yet).
+                    None => Vec::new(),
+                }
             }
         };
         let (s, c) = (&self.scopes[i as usize], self.buffers.counts(i));
