@@ -71,10 +71,13 @@ pub const GOV_CUT_CACHE_MAX: usize = 65_536;
 pub const GOV_CUT_CACHE_WEIGHT_MAX: usize = 1 << 19;
 
 /// Decompressed Ed25519 keys kept per verifying thread
-/// (`protocol::sig`'s key cache): ~200 bytes each, ~13 MB per verifier at
-/// most. Enough for every author of 32k scopes of a few writers each, or a
-/// group of thousands, to be decompressed once rather than in every batch.
-pub const KEY_CACHE_MAX: usize = 65_536;
+/// (`protocol::sig`'s key cache): ~200 bytes each, ~3.3 MB per verifier at
+/// most, so ~210 MB on a 64-core machine with a verifier per core. A key
+/// used within the last 8,192 distinct keys a thread saw is found: every
+/// author of a group of thousands, decompressed once rather than in every
+/// batch. (Many small scopes' authors, each seen a few times far apart,
+/// mostly miss at any size a per-thread cache can afford.)
+pub const KEY_CACHE_MAX: usize = 16_384;
 
 /// Work items one cascade may process before it asserts: a cascade releases
 /// each buffered op at most once per dependency (≤ 64), so it can never
