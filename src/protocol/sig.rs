@@ -209,8 +209,9 @@ impl KeyCache {
     }
 }
 
-/// This thread's key cache: hits, misses and the keys it holds (tests).
-pub fn key_cache_stats() -> (u64, u64, usize) {
+/// This thread's key cache: hits, misses and the keys it holds.
+#[cfg(test)]
+fn key_cache_stats() -> (u64, u64, usize) {
     KEYS.with(|c| {
         let c = c.borrow();
         (c.hits, c.misses, c.newer.len() + c.older.len())
