@@ -15,7 +15,7 @@
 //! Layer: between `core` and `store` (it reads `core`'s statuses and op
 //! states, and knows nothing of the store, threads or sockets).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::ops::Bound;
 
 use crate::core::{OpState, ScopeStatus};
@@ -38,6 +38,9 @@ pub const HEARTBEAT_PAGES_PER_BEAT_MAX: usize = 8;
 /// Ops asked for with the ids our buffered ops wait for (missing parents):
 /// them and a few ancestors each, per round.
 pub const WANTED_SYNC_OPS_MAX: u32 = 512;
+/// Ops a sync walk reads per op it may collect, at most (`collect_sync`):
+/// both ends of the walk, and the dependencies of each op collected.
+pub const SYNC_WALK_READS_PER_OP: usize = 4;
 pub use crate::limits::LACKING_NOTES_MAX;
 
 /// Whether a client that proved `key` may be served what reveals a scope
@@ -237,12 +240,22 @@ pub fn sync_served(req: &SyncRequest, key: Option<&PublicKey>, may_see: impl FnO
 }
 
 /// A sync request's answer: walks back from `want` through dependencies
-/// (`get`: an op's encoding as stored, if any), stopping at `have` and at
-/// unknown ids, collecting at most `max` ops and (past the first) at most
-/// `SYNC_REPLY_BYTES_MAX` bytes of them; returns them ancestors first, so
-/// the requester applies them with little buffering. Only ops of scopes
-/// `visible` says the requester may see are collected or walked through
-/// (SPEC §10).
+/// (`get`: an op's encoding as stored, if any), stopping at unknown ids and
+/// at what the requester holds, collecting at most `max` ops and (past the
+/// first) at most `SYNC_REPLY_BYTES_MAX` bytes of them; returns them
+/// ancestors first, so the requester applies them with little buffering.
+/// Only ops of scopes `visible` says the requester may see are collected
+/// or walked through (SPEC §10).
+///
+/// What the requester holds is `have` and every ancestor of it. The walk
+/// goes down from both ends together, newest first: an op's `hlc` is above
+/// each of its dependencies' (SPEC §6, `clock`), so an ancestor of `have`
+/// is reached from `have`'s side before `want`'s side comes down to it,
+/// and is not collected. Stopping only at the ids of `have` served, while
+/// the DAG was wide, every op below them reached by another path, up to
+/// `max` ops the requester held. The walk reads at most
+/// `SYNC_WALK_READS_PER_OP` ops for each it may collect: past that it
+/// stops (a requester asks again for what its buffered ops still miss).
 pub fn collect_sync(
     get: impl Fn(&Hash) -> Option<Vec<u8>>,
     want: &[Hash],
@@ -250,37 +263,115 @@ pub fn collect_sync(
     max: usize,
     visible: &dyn Fn(&Hash) -> bool,
 ) -> Vec<Vec<u8>> {
-    let have: HashSet<Hash> = have.iter().copied().collect();
-    let mut seen: HashSet<Hash> = HashSet::new();
-    let mut work: VecDeque<Hash> = want.iter().copied().collect();
+    let mut reads_left = max.saturating_mul(SYNC_WALK_READS_PER_OP).max(SYNC_WALK_READS_PER_OP);
+    let mut read: HashMap<Hash, Option<WalkRead>> = HashMap::new();
+    let mut load = |read: &mut HashMap<Hash, Option<WalkRead>>, id: &Hash| walk_read(read, &get, visible, &mut reads_left, id);
+    // (hlc, held side, id): newest first; at one hlc, `have`'s side first.
+    let mut frontier: BinaryHeap<(u64, bool, Hash)> = BinaryHeap::new();
+    // Reached from `have` (held), or from `want` (each taken once).
+    let mut held: HashSet<Hash> = HashSet::new();
+    let mut taken: HashSet<Hash> = HashSet::new();
+    let mut wanted = 0usize;
+    for id in have {
+        if held.insert(*id) {
+            if let Some(hlc) = load(&mut read, id) {
+                frontier.push((hlc, true, *id));
+            }
+        }
+    }
+    for id in want {
+        if !held.contains(id) && taken.insert(*id) {
+            if let Some(hlc) = load(&mut read, id) {
+                frontier.push((hlc, false, *id));
+                wanted += 1;
+            }
+        }
+    }
     let mut out = Vec::new();
     let mut bytes_out: u64 = 0;
-    while let Some(id) = work.pop_front() {
+    while wanted > 0 {
+        let Some((_, is_held, id)) = frontier.pop() else { break };
+        let r = read.get_mut(&id).and_then(Option::as_mut).expect("a frontier op was read");
+        let deps = std::mem::take(&mut r.deps);
+        if is_held {
+            // Never collected: only its dependencies matter.
+            r.bytes = Vec::new();
+            for dep in deps {
+                if held.insert(dep) {
+                    if let Some(hlc) = load(&mut read, &dep) {
+                        frontier.push((hlc, true, dep));
+                    }
+                }
+            }
+            continue;
+        }
+        wanted -= 1;
+        if held.contains(&id) {
+            continue;
+        }
         if out.len() >= max {
             break;
         }
-        if have.contains(&id) || !seen.insert(id) {
-            continue;
-        }
-        let Some(bytes) = get(&id) else { continue };
-        if !out.is_empty() && bytes_out + bytes.len() as u64 > SYNC_REPLY_BYTES_MAX {
+        let r = read.get_mut(&id).and_then(Option::as_mut).expect("a frontier op was read");
+        if !out.is_empty() && bytes_out + r.bytes.len() as u64 > SYNC_REPLY_BYTES_MAX {
             break;
         }
-        let Ok(op) = decode_op(&bytes) else { continue };
-        // A genesis belongs to the scope it names (SPEC §2).
-        let scope = if op.scope == ZERO { id } else { op.scope };
-        if !visible(&scope) {
-            continue;
+        bytes_out += r.bytes.len() as u64;
+        out.push(std::mem::take(&mut r.bytes));
+        for dep in deps {
+            if !held.contains(&dep) && taken.insert(dep) {
+                if let Some(hlc) = load(&mut read, &dep) {
+                    frontier.push((hlc, false, dep));
+                    wanted += 1;
+                }
+            }
         }
-        work.extend(op.parents.iter().copied());
-        if op.plane == PLANE_DATA {
-            work.extend(op.cut.iter().copied());
-        }
-        bytes_out += bytes.len() as u64;
-        out.push(bytes);
     }
     out.reverse();
     out
+}
+
+/// An op read by a sync walk: its clock, its dependencies, its encoding
+/// (taken when collected).
+struct WalkRead {
+    hlc: u64,
+    deps: Vec<Hash>,
+    bytes: Vec<u8>,
+}
+
+/// An op for a sync walk, read once (`read` keeps it, or None: unknown,
+/// undecodable, of a scope not `visible`, or past the walk's reads): its
+/// clock.
+fn walk_read(
+    read: &mut HashMap<Hash, Option<WalkRead>>,
+    get: &impl Fn(&Hash) -> Option<Vec<u8>>,
+    visible: &dyn Fn(&Hash) -> bool,
+    reads_left: &mut usize,
+    id: &Hash,
+) -> Option<u64> {
+    if let Some(r) = read.get(id) {
+        return r.as_ref().map(|r| r.hlc);
+    }
+    if *reads_left == 0 {
+        return None;
+    }
+    *reads_left -= 1;
+    let r = get(id).and_then(|bytes| {
+        let op = decode_op(&bytes).ok()?;
+        // A genesis belongs to the scope it names (SPEC §2).
+        let scope = if op.scope == ZERO { *id } else { op.scope };
+        if !visible(&scope) {
+            return None;
+        }
+        let mut deps = op.parents;
+        if op.plane == PLANE_DATA {
+            deps.extend_from_slice(&op.cut);
+        }
+        Some(WalkRead { hlc: op.hlc, deps, bytes })
+    });
+    let hlc = r.as_ref().map(|r| r.hlc);
+    read.insert(*id, r);
+    hlc
 }
 
 /// Whether an applied op that came from link `origin` (0: from none of the
@@ -473,6 +564,98 @@ mod tests {
         // Keys again only while something waits for one.
         assert!(!t.poll(11_000, || false).keys);
         assert!(t.poll(21_000, || true).keys);
+    }
+
+    /// Ops of a wide DAG in causal order: (id, encoding, dependencies).
+    /// `lag` None: four writers, each merging the others' views now and
+    /// then, governance and a key rotation on the way; else eight writers,
+    /// each knowing the history up to `lag` ops before its own.
+    fn wide_dag(lag: Option<usize>) -> Vec<(Hash, Vec<u8>, Vec<Hash>)> {
+        let cfg = match lag {
+            None => crate::workload::WorkloadConfig { data_ops: 1500, merge_share: 0.2, rotate_at: Some(700), ..Default::default() },
+            Some(_) => crate::workload::WorkloadConfig { data_ops: 1500, writers: 8, view_lag: lag, ..Default::default() },
+        };
+        let w = crate::workload::generate(&cfg, [9; 32], [8; 32]);
+        w.messages
+            .iter()
+            .filter(|m| m.id != ZERO)
+            .map(|m| {
+                let bytes = m.frame[1..].to_vec();
+                let op = decode_op(&bytes).unwrap();
+                let mut deps = op.parents.clone();
+                if op.plane == PLANE_DATA {
+                    deps.extend_from_slice(&op.cut);
+                }
+                (m.id, bytes, deps)
+            })
+            .collect()
+    }
+
+    /// The ids of `ops` no other op of them depends on.
+    fn heads(ops: &[(Hash, Vec<u8>, Vec<Hash>)]) -> Vec<Hash> {
+        let below: HashSet<Hash> = ops.iter().flat_map(|o| o.2.iter().copied()).collect();
+        ops.iter().map(|o| o.0).filter(|id| !below.contains(id)).collect()
+    }
+
+    /// (Before the walk from both ends, a requester lacking one op of the
+    /// eight writers' DAG was sent ~all 1,500, up to `SYNC_OPS_MAX`.)
+    #[test]
+    fn a_sync_serves_only_what_the_requester_lacks_while_the_dag_is_wide() {
+        for lag in [None, Some(4), Some(8)] {
+            serves_only_what_is_lacking(&wide_dag(lag));
+        }
+    }
+
+    fn serves_only_what_is_lacking(ops: &[(Hash, Vec<u8>, Vec<Hash>)]) {
+        let by_id: HashMap<Hash, Vec<u8>> = ops.iter().map(|o| (o.0, o.1.clone())).collect();
+        let get = |id: &Hash| by_id.get(id).cloned();
+        let id_of = |bytes: &Vec<u8>| crate::protocol::crypto::encode_op(&decode_op(bytes).unwrap()).1;
+        let want = heads(ops);
+        assert!(ops.iter().filter(|o| o.2.len() > 2).count() > 100, "a wide DAG: ops with several parents");
+        let mut checked = 0;
+        for held in [1, 2, 10, 300, 700, 1200, ops.len() - 40, ops.len() - 1, ops.len()] {
+            // The requester holds a prefix (closed under ancestry: causal
+            // order) and names its heads.
+            let have = heads(&ops[..held]);
+            let lacking: HashSet<Hash> = ops[held..].iter().map(|o| o.0).collect();
+            let got = collect_sync(get, &want, &have, 4096, &|_| true);
+            let ids: Vec<Hash> = got.iter().map(id_of).collect();
+            assert_eq!(ids.iter().copied().collect::<HashSet<Hash>>(), lacking, "holding {held}: exactly what it lacks");
+            assert_eq!(ids.len(), lacking.len(), "holding {held}: each once");
+            // Ancestors first: each op's dependencies it lacks come before it.
+            let at: HashMap<Hash, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+            for (i, id) in ids.iter().enumerate() {
+                let deps = &ops.iter().find(|o| o.0 == *id).unwrap().2;
+                assert!(deps.iter().all(|d| at.get(d).is_none_or(|&j| j < i)), "holding {held}: ancestors first");
+            }
+            // A truncated reply: only ops it lacks, the newest.
+            let few = collect_sync(get, &want, &have, 25, &|_| true);
+            assert_eq!(few.len(), lacking.len().min(25), "holding {held}");
+            assert!(few.iter().map(id_of).all(|id| lacking.contains(&id)), "holding {held}: a truncated reply, only what it lacks");
+            checked += 1;
+        }
+        assert_eq!(checked, 9);
+    }
+
+    #[test]
+    fn a_sync_walk_reads_a_bounded_number_of_ops() {
+        let ops = wide_dag(None);
+        let by_id: HashMap<Hash, Vec<u8>> = ops.iter().map(|o| (o.0, o.1.clone())).collect();
+        let reads = std::cell::Cell::new(0usize);
+        let get = |id: &Hash| {
+            reads.set(reads.get() + 1);
+            by_id.get(id).cloned()
+        };
+        // Holding nothing it names (an unknown id as `have`), asking for 50:
+        // the newest 50, within the walk's reads.
+        let got = collect_sync(get, &heads(&ops), &[[7; 32]], 50, &|_| true);
+        assert_eq!(got.len(), 50);
+        assert!(reads.get() <= 50 * SYNC_WALK_READS_PER_OP, "{} reads", reads.get());
+        // An op of a scope it may not see is neither served nor walked through.
+        reads.set(0);
+        let got = collect_sync(get, &heads(&ops), &[], 4096, &|_| false);
+        assert!(got.is_empty());
+        assert!(reads.get() <= heads(&ops).len(), "{} reads", reads.get());
     }
 
     #[test]
