@@ -293,9 +293,9 @@ pub fn collect_sync(
         let Some((_, is_held, id)) = frontier.pop() else { break };
         let r = read.get_mut(&id).and_then(Option::as_mut).expect("a frontier op was read");
         let deps = std::mem::take(&mut r.deps);
+        // Taken from `r` either way: collected, or (held) never collected.
+        let bytes = std::mem::take(&mut r.bytes);
         if is_held {
-            // Never collected: only its dependencies matter.
-            r.bytes = Vec::new();
             for dep in deps {
                 if held.insert(dep) {
                     if let Some(hlc) = load(&mut read, &dep) {
@@ -309,15 +309,11 @@ pub fn collect_sync(
         if held.contains(&id) {
             continue;
         }
-        if out.len() >= max {
+        if out.len() >= max || (!out.is_empty() && bytes_out + bytes.len() as u64 > SYNC_REPLY_BYTES_MAX) {
             break;
         }
-        let r = read.get_mut(&id).and_then(Option::as_mut).expect("a frontier op was read");
-        if !out.is_empty() && bytes_out + r.bytes.len() as u64 > SYNC_REPLY_BYTES_MAX {
-            break;
-        }
-        bytes_out += r.bytes.len() as u64;
-        out.push(std::mem::take(&mut r.bytes));
+        bytes_out += bytes.len() as u64;
+        out.push(bytes);
         for dep in deps {
             if !held.contains(&dep) && taken.insert(dep) {
                 if let Some(hlc) = load(&mut read, &dep) {

@@ -422,11 +422,8 @@ mod tests {
         GovNode { parents: vec![parent], depth, author, actions: vec![GovAction::AddMember { member, role: Role::Writer, kem: [0; 32] }] }
     }
 
-    /// A chain of `n` ops after a genesis, ids 1..=n after the genesis's 0.
-    fn chain(n: u32) -> Governance {
-        chain_into(Governance::default(), n)
-    }
-
+    /// A chain of `n` ops after a genesis, ids 1..=n after the genesis's 0,
+    /// into `g`.
     fn chain_into(mut g: Governance, n: u32) -> Governance {
         g.insert(id(0), genesis(key(1)));
         for i in 1..=n {
