@@ -107,6 +107,25 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
         if bad.is_some() {
             return;
         }
+        // A compact record (`core::oprecord`) names its parents by
+        // reference: read back whole for them.
+        let whole;
+        let bytes = if crate::core::oprecord::is_compact(bytes) {
+            whole = match reader.op(id) {
+                Ok(Some(b)) => b,
+                Ok(None) => {
+                    bad = Some(format!("op {} left the ops table during the export", hex::encode(id)));
+                    return;
+                }
+                Err(e) => {
+                    bad = Some(e.to_string());
+                    return;
+                }
+            };
+            &whole[..]
+        } else {
+            bytes
+        };
         let op = match crate::protocol::codec::decode_op(bytes) {
             Ok(op) => op,
             Err(e) => {
@@ -149,7 +168,7 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
     for &i in &order {
         let id = &ops[i].id;
         let bytes = reader
-            .get(Cf::Ops, id)?
+            .op(id)?
             .ok_or_else(|| ExportError::Inconsistent(format!("op {} left the ops table during the export", hex::encode(id))))?;
         write_frame(&mut sink, MESSAGE_OP, &bytes).map_err(write_error)?;
         if *id == scope {

@@ -888,7 +888,7 @@ impl Sim {
         let key = self.keys[from];
         let Ok(max) = peering::sync_served(&req, Some(&key), |s| self.may_see(node, from, s)) else { return };
         let durable = self.nodes[node].durable.clone();
-        let get = |id: &Hash| durable.lock().unwrap().get(crate::core::Cf::Ops, id).ok().flatten();
+        let get = |id: &Hash| crate::store::Store::op(&*durable.lock().unwrap(), id).ok().flatten();
         let visible = |s: &Hash| self.may_see(node, from, s).is_ok();
         let ops = peering::collect_sync(get, &req.want, &req.have, max, &visible);
         self.stats.sync_ops_served += ops.len() as u64;

@@ -163,6 +163,10 @@ impl dagfold::store::Store for Recorded {
     fn get(&self, cf: dagfold::core::Cf, key: &[u8]) -> Result<Option<Vec<u8>>, dagfold::store::StoreError> {
         self.0.lock().unwrap().0.get(cf, key)
     }
+
+    fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<dagfold::protocol::Hash>, dagfold::store::StoreError> {
+        self.0.lock().unwrap().0.op_ids_with_prefix(prefix, max)
+    }
 }
 
 /// What a run of the pipeline left: every table but the event log (whose

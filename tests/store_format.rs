@@ -111,7 +111,11 @@ fn the_store_of_format_1_opens_with_its_content() {
     let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture_expected()).unwrap()).unwrap();
     let dir = copy_store(&fixture_dir());
     let store = RocksStore::open(dir.path()).unwrap();
-    assert_eq!(store.get(Cf::Meta, META_FORMAT).unwrap(), Some(1u32.to_le_bytes().to_vec()), "the fixture is of version 1");
+    assert_eq!(
+        store.get(Cf::Meta, META_FORMAT).unwrap(),
+        Some(FORMAT_VERSION.to_le_bytes().to_vec()),
+        "the fixture of version 1, given this binary's version at its open"
+    );
     let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
     let mut got = content(&mut node);
     // The version this binary would write; the store keeps its own.
@@ -129,16 +133,17 @@ fn the_store_of_format_1_opens_with_its_content() {
 }
 
 /// A store written before versions (no format record) holds the layout of
-/// version 1: it opens and is given the record.
+/// version 1: it opens and is given the record of this binary's version,
+/// whose records it may hold from then on.
 #[test]
-fn a_store_without_a_version_is_version_1_and_gets_it() {
+fn a_store_without_a_version_is_version_1_and_gets_this_version() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = RocksStore::open(dir.path()).unwrap();
     assert_eq!(store.get(Cf::Meta, META_FORMAT).unwrap(), Some(FORMAT_VERSION.to_le_bytes().to_vec()), "written at creation");
     store.write(&[Write::Delete(Cf::Meta, META_FORMAT.to_vec())], true).unwrap();
     drop(store);
     let store = RocksStore::open(dir.path()).unwrap();
-    assert_eq!(store.get(Cf::Meta, META_FORMAT).unwrap(), Some(1u32.to_le_bytes().to_vec()));
+    assert_eq!(store.get(Cf::Meta, META_FORMAT).unwrap(), Some(FORMAT_VERSION.to_le_bytes().to_vec()));
 }
 
 /// Sets a store's format record to `record`.

@@ -98,6 +98,10 @@ impl Store for SharedStore {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.0.lock().unwrap().get(cf, key)
     }
+
+    fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<dagfold::protocol::Hash>, StoreError> {
+        self.0.lock().unwrap().op_ids_with_prefix(prefix, max)
+    }
 }
 
 /// Every scenario through the node's pipeline, where the fold runs on the

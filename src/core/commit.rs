@@ -27,8 +27,10 @@ pub struct Commit {
     pub events: Vec<EventOut>,
     /// Ops applied, in apply order, with their scope (for gossip).
     pub applied: Vec<(Hash, Hash)>,
-    /// The encodings of applied ops that this commit does not write (a
-    /// pending op's were written when it was buffered), for gossip.
+    /// The encodings of applied ops, as signed, that this commit does not
+    /// write as they are (a pending op's were written when it was
+    /// buffered; a data op's record refers to its parents,
+    /// `core::oprecord`), for gossip.
     pub released: Vec<(Hash, Vec<u8>)>,
     /// Governance ops applied, for the pipeline's replicas of the index.
     pub gov_applied: Vec<(Hash, GovNode)>,

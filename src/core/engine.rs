@@ -25,13 +25,14 @@ use super::buffers::{Buffered, Buffers};
 use super::cold::{ColdOps, ColdReadFailed, IdFilter};
 use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
+use super::oprecord;
 use super::prejudge::{authorize, PreAuth, Prepared, VerifiedOp};
 use super::projector::Projector;
 use super::tables::{delivery_meta_key, seq_and_bytes, Cf, ScopeRecord, Write, META_FOLLOW_PREFIX};
 use super::types::{BufKind, Config, GenesisPolicy, Identity, Outcome, Reason, Stats};
 use super::{IdMap, IdSet};
 use crate::limits;
-use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, decode_op, Decoded};
+use crate::protocol::codec::{decode_data_payload, decode_frame, decode_gov_payload, Decoded};
 use crate::protocol::crypto::{open_key_delivery_to, open_payload};
 use crate::protocol::*;
 
@@ -289,7 +290,8 @@ impl Engine {
                 return None;
             }
         };
-        Some(decode_op(&bytes).expect("a stored op decodes"))
+        // Its scope, plane, hlc and cut: a record's parents are not needed.
+        Some(oprecord::decode_without_parents(&bytes).expect("a stored op decodes"))
     }
 
     /// The failed read of the cold index that stopped the engine, if any.
@@ -906,7 +908,16 @@ impl Engine {
             if !self.cancelled_buffer_puts.is_empty() {
                 self.cancelled_buffer_puts.remove(&(Cf::Ops as u8, id));
             }
-            self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), bytes));
+            // A data op's parents are applied, so in the table: stored by
+            // reference (`core::oprecord`), its bytes as signed handed on
+            // with the released ones.
+            match oprecord::compact(&op, &bytes) {
+                Some(record) => {
+                    self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), record));
+                    self.out.released.push((id, bytes));
+                }
+                None => self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), bytes)),
+            }
         }
         if let Some(ws) = self.buffers.take_waiters(&id) {
             self.work.extend(ws);

@@ -16,6 +16,7 @@ pub mod prejudge;
 pub mod projection;
 pub mod projector;
 pub mod queries;
+pub mod oprecord;
 pub mod restore;
 pub mod smt;
 pub mod tables;

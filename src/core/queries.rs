@@ -9,7 +9,6 @@ use std::sync::Arc;
 use super::engine::{Engine, Entry};
 use super::governance::{GovNode, GovState};
 use super::types::{BufKind, OpState, Scope, ScopeReport, ScopeStatus};
-use crate::protocol::codec::decode_op;
 use crate::protocol::{Hash, PublicKey, Role, ZERO};
 
 impl Engine {
@@ -115,7 +114,7 @@ impl Engine {
                 if matches!(ops.get(op_id), Some(Entry::Buffered)) {
                     return;
                 }
-                let op = decode_op(bytes).expect("a stored op decodes");
+                let op = super::oprecord::decode_without_parents(bytes).expect("a stored op decodes");
                 if op.scope_of(op_id) == scope_id {
                     r.applied.push(*op_id);
                 }

@@ -179,7 +179,7 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, conn_id: u64, pee
     let reader = shared.reader.clone();
     let sh = shared.clone();
     let visible = move |scope: &Hash| may_see(&sh, peer_key.as_ref(), scope).is_ok();
-    let get = move |id: &Hash| reader.get(Cf::Ops, id).ok().flatten();
+    let get = move |id: &Hash| reader.op(id).ok().flatten();
     let ops = match tokio::task::spawn_blocking(move || crate::peering::collect_sync(get, &req.want, &req.have, max, &visible)).await {
         Ok(ops) => ops,
         Err(_) => return,

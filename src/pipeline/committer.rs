@@ -207,6 +207,9 @@ mod tests {
         fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
             self.0.get(cf, key)
         }
+        fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<crate::protocol::Hash>, crate::store::StoreError> {
+            self.0.op_ids_with_prefix(prefix, max)
+        }
     }
 
     fn commit(number: u64, writes: Vec<Write>) -> ToCommit {

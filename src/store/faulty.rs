@@ -95,6 +95,13 @@ impl Store for FaultyStore {
         self.durable.lock().unwrap().get(cf, key)
     }
 
+    fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<Hash>, StoreError> {
+        if self.countdown.fails() {
+            return Err(StoreError::Injected("read failure"));
+        }
+        self.durable.lock().unwrap().op_ids_with_prefix(prefix, max)
+    }
+
     fn cold_reader(&self) -> Option<Box<dyn ColdOps>> {
         Some(Box::new(self.clone()))
     }

@@ -72,4 +72,13 @@ impl Store for MemStore {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.tables.get(cf.name()).and_then(|t| t.get(key).cloned()))
     }
+
+    fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<crate::protocol::Hash>, StoreError> {
+        let Some(t) = self.tables.get(Cf::Ops.name()) else { return Ok(Vec::new()) };
+        Ok(t.range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter_map(|(k, _)| k.as_slice().try_into().ok())
+            .take(max)
+            .collect())
+    }
 }

@@ -64,6 +64,11 @@ pub enum StoreError {
          --peer KEY@ADDR (docs/RELIABILITY.md, \"Corruption at open\")"
     )]
     Corrupt { path: String, detail: String },
+    /// An op's record in the ops table did not read back as the op it
+    /// was stored as (`core::oprecord`): a parent it refers to is missing
+    /// or does not give the op's id. The table is damaged.
+    #[error("the op {id} in the ops table does not read back whole: {why}")]
+    OpRecord { id: String, why: crate::core::oprecord::RecordError },
 }
 
 /// The store's format version, in `Cf::Meta` under `core::META_FORMAT`
@@ -75,7 +80,13 @@ pub enum StoreError {
 /// the next version; a binary refuses a store of a later version than its
 /// own (`StoreError::FormatTooNew`), and `tests/fixtures/store-v1` keeps
 /// a store of version 1 that every later binary must open.
-pub const FORMAT_VERSION: u32 = 1;
+///
+/// Version 2 (2026-12-05) adds the compact record of an applied data op
+/// in the ops table (`core::oprecord`: its parents by reference), which a
+/// binary of version 1 would take for a malformed op. Every record of
+/// version 1 is still read as it was, so a store of version 1 is given
+/// version 2 at its first open by this binary, before anything is written.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Checks the format version of the store just opened at `path`, writing
 /// it where there is none (a new store, or one from before versions).
@@ -84,7 +95,12 @@ pub fn check_format(store: &mut dyn Store, path: &std::path::Path) -> Result<(),
     match store.get(Cf::Meta, crate::core::META_FORMAT)? {
         None => store.write(&[Write::Put(Cf::Meta, crate::core::META_FORMAT.to_vec(), FORMAT_VERSION.to_le_bytes().to_vec())], true),
         Some(v) => match <[u8; 4]>::try_from(v.as_slice()).map(u32::from_le_bytes) {
-            Ok(found) if (1..=FORMAT_VERSION).contains(&found) => Ok(()),
+            Ok(found) if found == FORMAT_VERSION => Ok(()),
+            // An older layout, all of whose records this binary reads: from
+            // now on it may hold records the older binary would misread.
+            Ok(found) if (1..FORMAT_VERSION).contains(&found) => {
+                store.write(&[Write::Put(Cf::Meta, crate::core::META_FORMAT.to_vec(), FORMAT_VERSION.to_le_bytes().to_vec())], true)
+            }
             Ok(found) if found > FORMAT_VERSION => Err(StoreError::FormatTooNew { path, found }),
             _ => Err(StoreError::FormatUnknown { path, what: format!("format record {}", hex::encode(&v)) }),
         },
@@ -105,11 +121,34 @@ pub trait Store: TableScan + Send {
     fn table_bytes(&self) -> Vec<(Cf, u64, u64)> {
         Vec::new()
     }
+    /// The ids in the ops table that start with `prefix`, at most `max`.
+    fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<crate::protocol::Hash>, StoreError>;
+    /// The op stored under `id` as it was signed: a compact record's
+    /// parents looked up in the table (`core::oprecord`).
+    fn op(&self, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(record) = self.get(Cf::Ops, id)? else { return Ok(None) };
+        op_as_signed(id, &record, |p, max| self.op_ids_with_prefix(p, max)).map(Some)
+    }
     /// A reader of applied ops for the engine's cold index (`core::cold`),
     /// or none: the engine then keeps every applied op in memory.
     fn cold_reader(&self) -> Option<Box<dyn crate::core::ColdOps>> {
         None
     }
+}
+
+/// The ids a parent reference of a compact op record is looked up to: two
+/// are already a 2^64 search for whoever would make them.
+const REFERENCE_MATCHES_MAX: usize = 8;
+
+/// `record`, stored under `id` in the ops table, as the op was signed:
+/// `ids_with_prefix(prefix, max)` looks a parent reference up in the table.
+pub fn op_as_signed(
+    id: &crate::protocol::Hash,
+    record: &[u8],
+    ids_with_prefix: impl Fn(&[u8], usize) -> Result<Vec<crate::protocol::Hash>, StoreError>,
+) -> Result<Vec<u8>, StoreError> {
+    crate::core::oprecord::expand(id, record, |p| ids_with_prefix(p, REFERENCE_MATCHES_MAX).map_err(|e| e.to_string()))
+        .map_err(|why| StoreError::OpRecord { id: hex::encode(id), why })
 }
 
 /// Makes `path` the node's private data directory: created owner-only

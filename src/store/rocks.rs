@@ -171,6 +171,27 @@ fn corrupt_or(path: &Path, e: rocksdb::Error) -> StoreError {
     }
 }
 
+/// The ids in the ops table starting with `prefix`, at most `max`: a
+/// parent reference of a compact op record (`core::oprecord`).
+fn op_ids_with_prefix(db: &DB, prefix: &[u8], max: usize) -> Result<Vec<crate::protocol::Hash>, StoreError> {
+    let h = db.cf_handle(Cf::Ops.name()).expect("every column family is opened");
+    let mut it = db.raw_iterator_cf(h);
+    it.seek(prefix);
+    let mut out = Vec::new();
+    while it.valid() && out.len() < max {
+        let Some(k) = it.key() else { break };
+        if !k.starts_with(prefix) {
+            break;
+        }
+        if let Ok(id) = k.try_into() {
+            out.push(id);
+        }
+        it.next();
+    }
+    it.status()?;
+    Ok(out)
+}
+
 /// The column families read while the node runs keep RocksDB's skip-list
 /// memtable; the others get the vector memtable (see `open`).
 fn uses_skip_list(cf: Cf) -> bool {
@@ -348,6 +369,10 @@ impl Store for RocksStore {
         Ok(self.db.get_cf(self.cf(cf), key)?)
     }
 
+    fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<crate::protocol::Hash>, StoreError> {
+        op_ids_with_prefix(&self.db, prefix, max)
+    }
+
     fn disk_bytes(&self) -> u64 {
         super::dir_bytes(&self.path)
     }
@@ -390,6 +415,12 @@ impl StoreReader {
     pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let h = self.db.cf_handle(cf.name()).expect("every column family is opened");
         Ok(self.db.get_cf(h, key)?)
+    }
+
+    /// The op stored under `id` as it was signed (`Store::op`).
+    pub fn op(&self, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(record) = self.get(Cf::Ops, id)? else { return Ok(None) };
+        super::op_as_signed(id, &record, |p, max| op_ids_with_prefix(&self.db, p, max)).map(Some)
     }
 
     /// The records of `cf` whose keys start with `prefix` and sort after
