@@ -15,13 +15,14 @@ use dagfold::store::rocks::RocksStore;
 use dagfold::store::{Store, StoreError, FORMAT_VERSION};
 use dagfold::workload::{generate, WorkloadConfig};
 
-fn fixture_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/store-v1"))
+/// The store made by the release of format `version`, kept in the repo.
+fn fixture_dir(version: u32) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(format!("store-v{version}"))
 }
 
 /// What the fixture holds, written beside it by its generator.
-fn fixture_expected() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/store-v1.json"))
+fn fixture_expected(version: u32) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(format!("store-v{version}.json"))
 }
 
 /// A copy of a store directory in a fresh private directory (opening
@@ -64,17 +65,20 @@ fn content(node: &mut InlineDriver<RocksStore>) -> serde_json::Value {
 }
 
 /// The store of `tests/fixtures/store-v1`, made by this generator on
-/// 2026-12-04 (format version 1) and committed; never made again, since
-/// later releases must open the store that release made:
-/// `cargo test --release --test store_format -- --ignored make_store_v1_fixture`
-/// writes it (and `store-v1.json`, what it holds) where neither exists.
-/// One scope with a key rotation, a writer removed (remembered drops),
-/// three ops held back (pending records) and events; flushed, so the
-/// tables are in table files, and RocksDB's info logs left out.
-#[test]
-#[ignore]
-fn make_store_v1_fixture() {
-    assert!(!fixture_dir().exists(), "the fixture exists: it is never made again");
+/// 2026-12-04 (format version 1), and `store-v2`, made on 2026-12-05
+/// (version 2: applied data ops stored by reference to their parents),
+/// each committed and never made again, since later releases must open
+/// the store that release made:
+/// `cargo test --release --test store_format -- --ignored make_store_v2_fixture`
+/// writes the current version's (and its `.json`, what it holds) where
+/// neither exists. One scope with a key rotation, a writer removed
+/// (remembered drops), three ops held back (pending records) and events;
+/// flushed, so the tables are in table files, and RocksDB's info logs left
+/// out.
+fn make_fixture(version: u32) {
+    assert_eq!(version, FORMAT_VERSION, "only the current version's fixture can be made");
+    let dir = fixture_dir(version);
+    assert!(!dir.exists(), "the fixture exists: it is never made again");
     let id = dagfold::core::Identity::from_secrets([21; 32], [22; 32]);
     let cfg = WorkloadConfig { seed: 77, data_ops: 40, writers: 3, rotate_at: Some(15), remove_writer_at: Some(30), ..Default::default() };
     let w = generate(&cfg, id.public_key, id.kem_public);
@@ -82,7 +86,6 @@ fn make_store_v1_fixture() {
     let held_back = &data[34..37];
     let frames: Vec<Vec<u8>> =
         w.messages.iter().enumerate().filter(|(i, _)| !held_back.contains(i)).map(|(_, m)| m.frame.clone()).collect();
-    let dir = fixture_dir();
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let mut store = RocksStore::open(&dir).unwrap();
@@ -100,22 +103,40 @@ fn make_store_v1_fixture() {
             std::fs::remove_file(e.path()).unwrap();
         }
     }
-    std::fs::write(fixture_expected(), format!("{expected:#}\n")).unwrap();
+    std::fs::write(fixture_expected(version), format!("{expected:#}\n")).unwrap();
 }
 
-/// The store made by the release of format version 1 opens with this
-/// binary, holding what it held: statuses (roots, heads, counts), events,
-/// the cell index, the identity and its format version.
 #[test]
-fn the_store_of_format_1_opens_with_its_content() {
-    let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture_expected()).unwrap()).unwrap();
-    let dir = copy_store(&fixture_dir());
+#[ignore]
+fn make_store_v2_fixture() {
+    make_fixture(2);
+}
+
+/// The store made by the release of format `version` opens with this
+/// binary, holding what it held: statuses (roots, heads, counts), events,
+/// the cell index, the identity and its format version; every op in its
+/// ops table reads back as signed. Answers how many of those were stored
+/// by reference to their parents.
+fn fixture_opens_with_its_content(version: u32) -> usize {
+    let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture_expected(version)).unwrap()).unwrap();
+    let dir = copy_store(&fixture_dir(version));
     let store = RocksStore::open(dir.path()).unwrap();
     assert_eq!(
         store.get(Cf::Meta, META_FORMAT).unwrap(),
         Some(FORMAT_VERSION.to_le_bytes().to_vec()),
-        "the fixture of version 1, given this binary's version at its open"
+        "the fixture of version {version}, given this binary's version at its open"
     );
+    let mut compact = 0;
+    let mut ids = Vec::new();
+    dagfold::core::TableScan::scan(&store, Cf::Ops, &mut |k, v| {
+        compact += usize::from(dagfold::core::oprecord::is_compact(v));
+        ids.push(<[u8; 32]>::try_from(k).unwrap());
+    })
+    .unwrap();
+    for id in &ids {
+        let op = store.op(id).unwrap().expect("an op of the table");
+        assert_eq!(dagfold::protocol::crypto::encode_op(&dagfold::protocol::codec::decode_op(&op).unwrap()).1, *id, "read back as signed");
+    }
     let mut node = InlineDriver::open(store, Config::default(), 0).unwrap();
     let mut got = content(&mut node);
     // The version this binary would write; the store keeps its own.
@@ -130,6 +151,17 @@ fn the_store_of_format_1_opens_with_its_content() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let inspected: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(inspected[0], expected["scopes"][0]["status"]);
+    compact
+}
+
+#[test]
+fn the_store_of_format_1_opens_with_its_content() {
+    assert_eq!(fixture_opens_with_its_content(1), 0, "version 1 stores every op as signed");
+}
+
+#[test]
+fn the_store_of_format_2_opens_with_its_content() {
+    assert!(fixture_opens_with_its_content(2) > 0, "version 2 stores applied data ops by reference");
 }
 
 /// A store written before versions (no format record) holds the layout of

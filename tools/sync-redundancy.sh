@@ -4,7 +4,9 @@
 # many it lacks. Node a imports the whole scope, node b its first KEEP
 # frames (default 2500 of the OPS (default 3000) and 4 more); the two are then started
 # as peers on loopback, and once b has applied what it lacked the script
-# prints b's applied count, the ops a served by sync, and b's duplicates.
+# prints b's applied count, the ops a served by sync, b's duplicates, and
+# the time a's sync walks took (reading the ops back from its store) and
+# a's CPU since its start.
 # Binaries from DAGFOLD_BENCH_BIN_DIR, else target/release (built with
 # `cargo build --release --features testkit --bins`). docs/PERFORMANCE.md,
 # "a sync walks from both ends".
@@ -31,6 +33,7 @@ PY
 port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 PA=$(port); PB=$(port); MA=$(port); MB=$(port)
 "$BIN/dagfold" node --data-dir "$W/a" --listen 127.0.0.1:$PA --admin 127.0.0.1:$MA --peer "$(k b public_key)@127.0.0.1:$PB" > "$W/a.log" 2>&1 &
+PIDA=$!
 "$BIN/dagfold" node --data-dir "$W/b" --listen 127.0.0.1:$PB --admin 127.0.0.1:$MB --peer "$(k a public_key)@127.0.0.1:$PA" > "$W/b.log" 2>&1 &
 metric() { curl -s "127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m {print $2}'; }
 lacking=$(cat "$W/prefix.bin.lacking")
@@ -40,4 +43,4 @@ for _ in $(seq 1 200); do
   [ -n "$applied" ] && [ "${applied%.*}" -ge "$lacking" ] && break
 done
 sleep 1
-echo "node b lacked $lacking, applied $(metric $MB dagfold_applied_total); node a served $(metric $MA dagfold_sync_ops_served_total) by sync; node b's duplicates $(metric $MB dagfold_engine_duplicates_total)"
+echo "node b lacked $lacking, applied $(metric $MB dagfold_applied_total); node a served $(metric $MA dagfold_sync_ops_served_total) by sync; node b's duplicates $(metric $MB dagfold_engine_duplicates_total); node a's sync walks took $(metric $MA dagfold_sync_walk_seconds_sum) s, node a's CPU $(awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' /proc/$PIDA/stat) s"

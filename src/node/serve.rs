@@ -179,11 +179,22 @@ async fn serve_sync(shared: Arc<NodeShared>, req: SyncRequest, conn_id: u64, pee
     let reader = shared.reader.clone();
     let sh = shared.clone();
     let visible = move |scope: &Hash| may_see(&sh, peer_key.as_ref(), scope).is_ok();
-    let get = move |id: &Hash| reader.op(id).ok().flatten();
+    // A read that fails (a damaged table) serves nothing of that op, and
+    // says so: the op is not taken for one the node lacks.
+    let get = move |id: &Hash| match reader.op(id) {
+        Ok(op) => op,
+        Err(e) => {
+            metrics::counter!("dagfold_sync_read_errors_total").increment(1);
+            eprintln!("dagfold: a sync reply left out op {}: {e}", hex::encode(id));
+            None
+        }
+    };
+    let walk = std::time::Instant::now();
     let ops = match tokio::task::spawn_blocking(move || crate::peering::collect_sync(get, &req.want, &req.have, max, &visible)).await {
         Ok(ops) => ops,
         Err(_) => return,
     };
+    metrics::histogram!("dagfold_sync_walk_seconds").record(walk.elapsed().as_secs_f64());
     // Sent without the permit: a reader that does not read has its stream
     // reset by the reply writer (`REPLY_FRAME_WRITE_TIMEOUT_MS`), and one
     // that reads slowly holds only this reply and its connection's turn.

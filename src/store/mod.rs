@@ -145,7 +145,7 @@ const REFERENCE_MATCHES_MAX: usize = 8;
 pub fn op_as_signed(
     id: &crate::protocol::Hash,
     record: &[u8],
-    ids_with_prefix: impl Fn(&[u8], usize) -> Result<Vec<crate::protocol::Hash>, StoreError>,
+    mut ids_with_prefix: impl FnMut(&[u8], usize) -> Result<Vec<crate::protocol::Hash>, StoreError>,
 ) -> Result<Vec<u8>, StoreError> {
     crate::core::oprecord::expand(id, record, |p| ids_with_prefix(p, REFERENCE_MATCHES_MAX).map_err(|e| e.to_string()))
         .map_err(|why| StoreError::OpRecord { id: hex::encode(id), why })

@@ -171,11 +171,30 @@ fn corrupt_or(path: &Path, e: rocksdb::Error) -> StoreError {
     }
 }
 
+/// The op stored under `id` as it was signed: a compact record's
+/// references looked up with one iterator, in ascending order as the
+/// parents are (`core::oprecord`).
+fn op_as_signed(db: &DB, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, StoreError> {
+    let h = db.cf_handle(Cf::Ops.name()).expect("every column family is opened");
+    let Some(record) = db.get_cf(h, id)? else { return Ok(None) };
+    if !crate::core::oprecord::is_compact(&record) {
+        return Ok(Some(record));
+    }
+    let mut it = ops_iterator(db);
+    super::op_as_signed(id, &record, |p, max| op_ids_with_prefix(&mut it, p, max)).map(Some)
+}
+
+fn ops_iterator(db: &DB) -> rocksdb::DBRawIteratorWithThreadMode<'_, DB> {
+    db.raw_iterator_cf(db.cf_handle(Cf::Ops.name()).expect("every column family is opened"))
+}
+
 /// The ids in the ops table starting with `prefix`, at most `max`: a
 /// parent reference of a compact op record (`core::oprecord`).
-fn op_ids_with_prefix(db: &DB, prefix: &[u8], max: usize) -> Result<Vec<crate::protocol::Hash>, StoreError> {
-    let h = db.cf_handle(Cf::Ops.name()).expect("every column family is opened");
-    let mut it = db.raw_iterator_cf(h);
+fn op_ids_with_prefix(
+    it: &mut rocksdb::DBRawIteratorWithThreadMode<'_, DB>,
+    prefix: &[u8],
+    max: usize,
+) -> Result<Vec<crate::protocol::Hash>, StoreError> {
     it.seek(prefix);
     let mut out = Vec::new();
     while it.valid() && out.len() < max {
@@ -370,7 +389,11 @@ impl Store for RocksStore {
     }
 
     fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<crate::protocol::Hash>, StoreError> {
-        op_ids_with_prefix(&self.db, prefix, max)
+        op_ids_with_prefix(&mut ops_iterator(&self.db), prefix, max)
+    }
+
+    fn op(&self, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, StoreError> {
+        op_as_signed(&self.db, id)
     }
 
     fn disk_bytes(&self) -> u64 {
@@ -419,8 +442,7 @@ impl StoreReader {
 
     /// The op stored under `id` as it was signed (`Store::op`).
     pub fn op(&self, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(record) = self.get(Cf::Ops, id)? else { return Ok(None) };
-        super::op_as_signed(id, &record, |p, max| op_ids_with_prefix(&self.db, p, max)).map(Some)
+        op_as_signed(&self.db, id)
     }
 
     /// The records of `cf` whose keys start with `prefix` and sort after
