@@ -185,11 +185,20 @@ impl<P: PartialEq + Copy> LackingNotes<P> {
     }
 }
 
+/// The ids our buffered ops wait for, and the scopes of those ops.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Wanted {
+    pub ids: Vec<Hash>,
+    pub scopes: Vec<Hash>,
+}
+
 /// What to ask a peer for in one round: per scope, the heads its heartbeats
 /// showed we lack (`lacking`, its notes oldest first: the first note of a
 /// scope is asked, later ones of the same scope wait for the next
 /// heartbeat), with `ours` as the scope's heads we have; then the ids our
-/// buffered ops wait for (`wanted`), in any scope.
+/// buffered ops wait for (`wanted`), in any scope, with our heads of the
+/// scopes of the ops that wait: without them the answer walked back from
+/// each id until it had `WANTED_SYNC_OPS_MAX` ops, most of them held.
 ///
 /// A noted head that `known` says has come since (by gossip, as a
 /// heartbeat's heads usually do: they are the sender's newest ops, in
@@ -202,7 +211,7 @@ pub fn sync_requests(
     lacking: Vec<(Hash, Vec<Hash>)>,
     known: impl Fn(&Hash) -> bool,
     ours: impl Fn(&Hash) -> Vec<Hash>,
-    wanted: Vec<Hash>,
+    wanted: Wanted,
 ) -> Vec<SyncRequest> {
     let mut out: Vec<SyncRequest> = Vec::new();
     for (scope, mut want) in lacking {
@@ -218,10 +227,14 @@ pub fn sync_requests(
         have.truncate(SYNC_IDS_MAX);
         out.push(SyncRequest { scope, want, have, max_ops: SYNC_OPS_MAX });
     }
-    if !wanted.is_empty() {
-        let mut want = wanted;
+    if !wanted.ids.is_empty() {
+        let mut want = wanted.ids;
         want.truncate(SYNC_IDS_MAX);
-        out.push(SyncRequest { scope: ZERO, want, have: Vec::new(), max_ops: WANTED_SYNC_OPS_MAX });
+        let mut have: Vec<Hash> = wanted.scopes.iter().flat_map(&ours).collect();
+        have.sort_unstable();
+        have.dedup();
+        have.truncate(SYNC_IDS_MAX);
+        out.push(SyncRequest { scope: ZERO, want, have, max_ops: WANTED_SYNC_OPS_MAX });
     }
     out
 }
@@ -515,12 +528,14 @@ mod tests {
     #[test]
     fn sync_requests_ask_one_note_per_scope_then_the_wanted_ids() {
         let lacking = vec![([1; 32], vec![[10; 32]]), ([2; 32], vec![[20; 32]]), ([1; 32], vec![[11; 32]])];
-        let reqs = sync_requests(lacking, |_| false, |s| vec![*s], vec![[30; 32]]);
+        let wanted = Wanted { ids: vec![[30; 32]], scopes: vec![[3; 32], [2; 32]] };
+        let reqs = sync_requests(lacking, |_| false, |s| vec![*s], wanted);
         assert_eq!(reqs.len(), 3);
         assert_eq!((reqs[0].scope, reqs[0].want.clone(), reqs[0].have.clone()), ([1; 32], vec![[10; 32]], vec![[1; 32]]));
         assert_eq!(reqs[1].scope, [2; 32]);
         assert_eq!((reqs[2].scope, reqs[2].want.clone(), reqs[2].max_ops), (ZERO, vec![[30; 32]], WANTED_SYNC_OPS_MAX));
-        assert!(sync_requests(Vec::new(), |_| false, |_| Vec::new(), Vec::new()).is_empty());
+        assert_eq!(reqs[2].have, vec![[2; 32], [3; 32]], "our heads of the waiting ops' scopes");
+        assert!(sync_requests(Vec::new(), |_| false, |_| Vec::new(), Wanted::default()).is_empty());
     }
 
     /// Heads that came by gossip after the heartbeat named them are not
@@ -529,11 +544,11 @@ mod tests {
     fn heads_that_came_since_the_heartbeat_are_not_asked_for() {
         let lacking = vec![([1; 32], vec![[10; 32], [11; 32]]), ([2; 32], vec![[20; 32]])];
         let came = |h: &Hash| *h == [10; 32] || *h == [20; 32];
-        let reqs = sync_requests(lacking, came, |s| vec![*s], Vec::new());
+        let reqs = sync_requests(lacking, came, |s| vec![*s], Wanted::default());
         assert_eq!(reqs.len(), 1, "scope 2's one head came: no request for it");
         assert_eq!((reqs[0].scope, reqs[0].want.clone()), ([1; 32], vec![[11; 32]]));
         let all_came = vec![([1; 32], vec![[10; 32]])];
-        assert!(sync_requests(all_came, |_| true, |s| vec![*s], Vec::new()).is_empty());
+        assert!(sync_requests(all_came, |_| true, |s| vec![*s], Wanted::default()).is_empty());
     }
 
     #[test]
@@ -631,6 +646,48 @@ mod tests {
             checked += 1;
         }
         assert_eq!(checked, 9);
+    }
+
+    /// Ops that came by gossip wait for parents the requester lacks: the
+    /// request for them names its heads of their scope, and the answer is
+    /// what it lacks below them, nothing it holds. (Without the heads, the
+    /// answer was the newest `WANTED_SYNC_OPS_MAX` ancestors of each id,
+    /// most of them held: 512 ops for 1 lacking below.)
+    #[test]
+    fn a_request_for_missing_parents_is_answered_with_only_what_is_lacking() {
+        let ops = wide_dag(Some(4));
+        let by_id: HashMap<Hash, Vec<u8>> = ops.iter().map(|o| (o.0, o.1.clone())).collect();
+        let get = |id: &Hash| by_id.get(id).cloned();
+        let id_of = |bytes: &Vec<u8>| crate::protocol::crypto::encode_op(&decode_op(bytes).unwrap()).1;
+        let scope = decode_op(&ops[0].1).unwrap().scope;
+        for (held, lost) in [(1400, 1), (1000, 30), (700, 600)] {
+            // Held: a prefix; lost: the next ops; then ops by gossip, whose
+            // dependencies past the prefix are wanted.
+            let prefix: HashSet<Hash> = ops[..held].iter().map(|o| o.0).collect();
+            let arrived = &ops[held + lost..(held + lost + 5).min(ops.len())];
+            let here: HashSet<Hash> = prefix.iter().chain(arrived.iter().map(|o| &o.0)).copied().collect();
+            let mut ids: Vec<Hash> = arrived.iter().flat_map(|o| o.2.iter().copied()).filter(|d| !here.contains(d)).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert!(!ids.is_empty());
+            let ours = |s: &Hash| if *s == scope { heads(&ops[..held]) } else { Vec::new() };
+            let reqs = sync_requests(Vec::new(), |_| false, ours, Wanted { ids, scopes: vec![scope] });
+            let req = &reqs[0];
+            assert_eq!(req.scope, ZERO);
+            let got: Vec<Hash> = collect_sync(get, &req.want, &req.have, req.max_ops as usize, &|_| true).iter().map(id_of).collect();
+            assert!(!got.is_empty(), "{held}/{lost}");
+            assert!(got.iter().all(|id| !prefix.contains(id)), "{held}/{lost}: nothing held is served");
+            if lost <= WANTED_SYNC_OPS_MAX as usize {
+                let lacking: HashSet<Hash> = ops[held..held + lost].iter().map(|o| o.0).collect();
+                assert!(got.iter().all(|id| lacking.contains(id)), "{held}/{lost}: only the lost ops");
+            }
+            // Without our heads, the same ids bring back ops held (while
+            // the gap is within one answer).
+            if lost < WANTED_SYNC_OPS_MAX as usize {
+                let blind: Vec<Hash> = collect_sync(get, &req.want, &[], req.max_ops as usize, &|_| true).iter().map(id_of).collect();
+                assert!(blind.iter().any(|id| prefix.contains(id)), "{held}/{lost}");
+            }
+        }
     }
 
     #[test]

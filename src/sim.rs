@@ -924,7 +924,8 @@ impl Sim {
                 let lacking = r.lacking.take_for(peer);
                 let published = &r.published;
                 let ours = |s: &Hash| published.get(s).map(|st| st.governance_heads.iter().chain(&st.data_heads).copied().collect()).unwrap_or_default();
-                let wanted = r.engine.wanted(SYNC_IDS_MAX);
+                let ids = r.engine.wanted(SYNC_IDS_MAX);
+                let wanted = peering::Wanted { scopes: r.engine.wanted_scopes(&ids), ids };
                 let known = |h: &Hash| r.engine.op_state(h) != OpState::Unknown;
                 for req in peering::sync_requests(lacking, known, ours, wanted) {
                     self.stats.sync_requests += 1;

@@ -81,6 +81,9 @@ fn reversed_100k_chain_applies_in_one_cascade() {
     // What a sync asks peers for: only the one id nobody has sent, not the
     // 100,000 ids that are waited on but buffered here.
     assert_eq!(e.wanted(16), vec![w.messages[0].id]);
+    // The scope of the ops waiting for it (the genesis: the scope's id).
+    let ids = e.wanted(16);
+    assert_eq!(e.wanted_scopes(&ids), vec![w.scope]);
     let released_before = e.stats.cascade_released;
     assert_eq!(e.handle_frame(&w.messages[0].frame, 0), Outcome::Applied);
     assert_eq!(e.applied_total(), w.messages.iter().filter(|m| m.id != ZERO).count() as u64);

@@ -266,6 +266,13 @@ impl Buffers {
         self.waiters.contains_key(id)
     }
 
+    /// The scope of an op waiting for `id`, if one does (an op's
+    /// dependencies are of its own scope).
+    pub(crate) fn waiting_scope(&self, id: &Hash) -> Option<u32> {
+        let w = self.waiters.get(id)?.first()?;
+        self.get(w).map(|b| b.scope)
+    }
+
     /// Every id some buffered op waits for.
     pub(crate) fn waited_on(&self) -> impl Iterator<Item = &Hash> {
         self.waiters.keys()

@@ -170,6 +170,16 @@ impl Engine {
         wanted
     }
 
+    /// The scopes of the buffered ops that wait for `ids`, each once: a
+    /// request for the ids names their heads as held
+    /// (`peering::sync_requests`).
+    pub fn wanted_scopes(&self, ids: &[Hash]) -> Vec<Hash> {
+        let mut scopes: Vec<u32> = ids.iter().filter_map(|id| self.buffers.waiting_scope(id)).collect();
+        scopes.sort_unstable();
+        scopes.dedup();
+        scopes.into_iter().map(|i| self.scopes[i as usize].id).collect()
+    }
+
     pub fn buffered_total(&self) -> (u64, u64) {
         self.buffers.total()
     }

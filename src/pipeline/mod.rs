@@ -376,7 +376,7 @@ pub struct PipelineState {
     pub buffered_ops: AtomicU64,
     pub buffered_bytes: AtomicU64,
     /// Ids buffered ops wait for and nobody has sent yet (sync asks for them).
-    pub wanted: Mutex<Vec<Hash>>,
+    pub wanted: Mutex<crate::peering::Wanted>,
     /// Heads of peers that we lack, per scope, by the configured peer whose
     /// heartbeat named them (`Work::Heads`'s origin): its link asks for them.
     pub lacking: Mutex<crate::peering::LackingNotes<u64>>,
@@ -492,7 +492,7 @@ impl Pipeline {
             applied_total: AtomicU64::new(engine.applied_total()),
             buffered_ops: AtomicU64::new(0),
             buffered_bytes: AtomicU64::new(0),
-            wanted: Mutex::new(Vec::new()),
+            wanted: Mutex::new(crate::peering::Wanted::default()),
             lacking: Mutex::new(Default::default()),
             divergences_heartbeat: Arc::new(AtomicU64::new(0)),
             durable_commits: AtomicU64::new(0),

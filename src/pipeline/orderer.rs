@@ -194,7 +194,9 @@ pub(super) fn run(
         // WANTED_INTERVAL, idle ticks included (the policy).
         let changed = !commit.is_empty() || !commit.applied.is_empty() || want_status;
         if policy.refresh_wanted(now, changed) {
-            *shared.wanted.lock().unwrap() = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
+            let ids = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
+            let scopes = engine.wanted_scopes(&ids);
+            *shared.wanted.lock().unwrap() = crate::peering::Wanted { ids, scopes };
         }
         if commit.is_empty()
             && commit.applied.is_empty()
