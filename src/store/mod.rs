@@ -89,7 +89,8 @@ pub enum StoreError {
 pub const FORMAT_VERSION: u32 = 2;
 
 /// Checks the format version of the store just opened at `path`, writing
-/// it where there is none (a new store, or one from before versions).
+/// this binary's where there is none (a new store, or one from before
+/// versions) or an older one (whose records this binary reads).
 pub fn check_format(store: &mut dyn Store, path: &std::path::Path) -> Result<(), StoreError> {
     let path = path.display().to_string();
     match store.get(Cf::Meta, crate::core::META_FORMAT)? {
