@@ -6,6 +6,8 @@
 //! while a node runs on it. The ops table has no index by scope, so the
 //! export reads all of it once, keeping only each op's id, dependencies and
 //! `hlc` in memory; the op bytes are read again as they are written out.
+//! An op stored by reference to its parents (`core::oprecord`) has them
+//! resolved among the scope's ops, and its id checked as it is written.
 //!
 //! The order: every op after its dependencies (its parents, and for a data
 //! op its cut), ready ops by (`hlc`, id). The genesis comes first (every
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use crate::cli::{open, OpenError};
-use crate::core::{Cf, ColdOps, Config, OpState, META_DELIVERY_PREFIX};
+use crate::core::{oprecord, Cf, ColdOps, Config, OpState, META_DELIVERY_PREFIX};
 use crate::protocol::{Hash, OpKind, MESSAGE_KEY, MESSAGE_OP};
 use crate::store::StoreError;
 
@@ -102,31 +104,16 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
     let reader = node.store.reader();
 
     let mut ops = Vec::new();
+    // A compact record (`core::oprecord`) names its parents by the first
+    // bytes of their ids: resolved below among the scope's ops, which the
+    // scan gives in id order, without a read of the store.
+    let mut refs: Vec<(usize, Vec<[u8; oprecord::PARENT_REF_BYTES]>)> = Vec::new();
     let mut bad: Option<String> = None;
     let read = ColdOps::scan(&reader, &mut |id, bytes| {
         if bad.is_some() {
             return;
         }
-        // A compact record (`core::oprecord`) names its parents by
-        // reference: read back whole for them.
-        let whole;
-        let bytes = if crate::core::oprecord::is_compact(bytes) {
-            whole = match reader.op(id) {
-                Ok(Some(b)) => b,
-                Ok(None) => {
-                    bad = Some(format!("op {} left the ops table during the export", hex::encode(id)));
-                    return;
-                }
-                Err(e) => {
-                    bad = Some(e.to_string());
-                    return;
-                }
-            };
-            &whole[..]
-        } else {
-            bytes
-        };
-        let op = match crate::protocol::codec::decode_op(bytes) {
+        let op = match oprecord::decode_without_parents(bytes) {
             Ok(op) => op,
             Err(e) => {
                 bad = Some(format!("op {} does not decode: {e:?}", hex::encode(id)));
@@ -136,6 +123,15 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
         let in_scope = if op.kind() == OpKind::Genesis { *id == scope } else { op.scope == scope };
         if !in_scope || node.engine.op_state(id) != OpState::Applied {
             return;
+        }
+        if oprecord::is_compact(bytes) {
+            match oprecord::references(bytes) {
+                Ok(r) => refs.push((ops.len(), r)),
+                Err(e) => {
+                    bad = Some(format!("op {}: {e}", hex::encode(id)));
+                    return;
+                }
+            }
         }
         let is_data = op.kind() == OpKind::Data;
         let mut deps = op.parents;
@@ -155,6 +151,34 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
     if ops.len() as u64 != status.applied {
         return Err(ExportError::Inconsistent(format!("{} applied ops stored for the scope, its status counts {}", ops.len(), status.applied)));
     }
+    debug_assert!(ops.windows(2).all(|w| w[0].id < w[1].id), "the scan is in id order");
+    let in_scope = |r: &[u8]| -> Vec<Hash> {
+        let from = ops.partition_point(|o| o.id[..r.len()] < *r);
+        ops[from..].iter().take_while(|o| o.id.starts_with(r)).map(|o| o.id).collect()
+    };
+    let mut parents: Vec<(usize, Vec<Hash>)> = Vec::with_capacity(refs.len());
+    for (i, rs) in &refs {
+        let mut ps = Vec::with_capacity(rs.len());
+        for r in rs {
+            match in_scope(r).as_slice() {
+                [p] => ps.push(*p),
+                // No applied op of the scope, or two: read back whole (the
+                // store's lookup, the id checked), which says which.
+                _ => {
+                    let id = ops[*i].id;
+                    let bytes = reader.op(&id)?.ok_or_else(|| ExportError::Inconsistent(format!("op {} left the ops table", hex::encode(id))))?;
+                    let op = crate::protocol::codec::decode_op(&bytes).map_err(|e| ExportError::Inconsistent(format!("op {}: {e:?}", hex::encode(id))))?;
+                    ps = op.parents;
+                    break;
+                }
+            }
+        }
+        parents.push((*i, ps));
+    }
+    drop(refs);
+    for (i, ps) in parents {
+        ops[i].deps.splice(0..0, ps);
+    }
     let order = apply_order(&ops).map_err(ExportError::Inconsistent)?;
     let deliveries = deliveries_of(&reader, &scope)?;
 
@@ -167,9 +191,14 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
     let mut sink = std::io::BufWriter::with_capacity(1 << 20, sink);
     for &i in &order {
         let id = &ops[i].id;
-        let bytes = reader
-            .op(id)?
+        let record = reader
+            .get(Cf::Ops, id)?
             .ok_or_else(|| ExportError::Inconsistent(format!("op {} left the ops table during the export", hex::encode(id))))?;
+        // Its parents are among its dependencies (found above): the op as
+        // signed, its id checked.
+        let deps = &ops[i].deps;
+        let bytes = oprecord::expand(id, &record, |r| Ok(deps.iter().filter(|d| d.starts_with(r)).copied().collect()))
+            .map_err(|why| StoreError::OpRecord { id: hex::encode(id), why })?;
         write_frame(&mut sink, MESSAGE_OP, &bytes).map_err(write_error)?;
         if *id == scope {
             for kd in &deliveries {

@@ -91,6 +91,13 @@ pub fn decode_without_parents(record: &[u8]) -> Result<Op, DecodeError> {
     decode_op(&bytes)
 }
 
+/// A compact record's parent references, in the order of the parents
+/// (ascending).
+pub fn references(record: &[u8]) -> Result<Vec<[u8; PARENT_REF_BYTES]>, RecordError> {
+    let (_, refs, _) = parts(record)?;
+    Ok(refs.chunks_exact(PARENT_REF_BYTES).map(|r| r.try_into().expect("a whole reference")).collect())
+}
+
 /// Why a record could not be read back as its op.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -182,6 +189,7 @@ mod tests {
         let rec = compact(&op, &bytes).expect("a data op with parents");
         assert_eq!(rec.len(), bytes.len() + 1 - 3 * 16);
         assert!(is_compact(&rec));
+        assert_eq!(references(&rec).unwrap(), vec![[1u8; 16], [2; 16], [3; 16]]);
         let table = parents.clone();
         let got = expand(&id, &rec, |r| Ok(table.iter().filter(|h| h.starts_with(r)).copied().collect())).unwrap();
         assert_eq!(got, bytes);
