@@ -197,7 +197,7 @@ pub fn export(data_dir: &Path, scope_hex: &str, out: Option<&Path>, cfg: Config)
         // Its parents are among its dependencies (found above): the op as
         // signed, its id checked.
         let deps = &ops[i].deps;
-        let bytes = oprecord::expand(id, &record, |r| Ok(deps.iter().filter(|d| d.starts_with(r)).copied().collect()))
+        let bytes = oprecord::expand(id, record, |r| Ok(deps.iter().filter(|d| d.starts_with(r)).copied().collect()))
             .map_err(|why| StoreError::OpRecord { id: hex::encode(id), why })?;
         write_frame(&mut sink, MESSAGE_OP, &bytes).map_err(write_error)?;
         if *id == scope {

@@ -113,13 +113,14 @@ pub enum RecordError {
     Lookup(String),
 }
 
-/// The op stored under `id` as it was signed, from its `record`:
-/// `lookup(reference)` answers the ids in the table that start with it.
-pub fn expand(id: &Hash, record: &[u8], mut lookup: impl FnMut(&[u8]) -> Result<Vec<Hash>, String>) -> Result<Vec<u8>, RecordError> {
-    if !is_compact(record) {
-        return Ok(record.to_vec());
+/// The op stored under `id` as it was signed, from its `record` (one
+/// stored as signed is that): `lookup(reference)` answers the ids in the
+/// table that start with it, and is called only for a compact record.
+pub fn expand(id: &Hash, record: Vec<u8>, mut lookup: impl FnMut(&[u8]) -> Result<Vec<Hash>, String>) -> Result<Vec<u8>, RecordError> {
+    if !is_compact(&record) {
+        return Ok(record);
     }
-    let (head, refs, tail) = parts(record)?;
+    let (head, refs, tail) = parts(&record)?;
     let mut candidates: Vec<Vec<Hash>> = Vec::with_capacity(refs.len() / PARENT_REF_BYTES);
     let mut ways = 1usize;
     for r in refs.chunks_exact(PARENT_REF_BYTES) {
@@ -191,7 +192,7 @@ mod tests {
         assert!(is_compact(&rec));
         assert_eq!(references(&rec).unwrap(), vec![[1u8; 16], [2; 16], [3; 16]]);
         let table = parents.clone();
-        let got = expand(&id, &rec, |r| Ok(table.iter().filter(|h| h.starts_with(r)).copied().collect())).unwrap();
+        let got = expand(&id, rec.clone(), |r| Ok(table.iter().filter(|h| h.starts_with(r)).copied().collect())).unwrap();
         assert_eq!(got, bytes);
         let mut without = op.clone();
         without.parents.clear();
@@ -206,15 +207,15 @@ mod tests {
         let (op, bytes, id) = data_op(vec![[1; 32], [2; 32]]);
         let rec = compact(&op, &bytes).unwrap();
         let table = [[1u8; 32], twin, [2; 32]];
-        let got = expand(&id, &rec, |r| Ok(table.iter().filter(|h| h.starts_with(r)).copied().collect())).unwrap();
+        let got = expand(&id, rec.clone(), |r| Ok(table.iter().filter(|h| h.starts_with(r)).copied().collect())).unwrap();
         assert_eq!(got, bytes);
         // A parent missing from the table, or only a look-alike of it.
-        let missing = expand(&id, &rec, |r| Ok([[1u8; 32]].iter().filter(|h| h.starts_with(r)).copied().collect()));
+        let missing = expand(&id, rec.clone(), |r| Ok([[1u8; 32]].iter().filter(|h| h.starts_with(r)).copied().collect()));
         assert!(matches!(missing, Err(RecordError::NoParent(_))));
-        let wrong = expand(&id, &rec, |r| Ok([[1u8; 32], twin].iter().filter(|h| h.starts_with(r)).copied().collect()));
+        let wrong = expand(&id, rec.clone(), |r| Ok([[1u8; 32], twin].iter().filter(|h| h.starts_with(r)).copied().collect()));
         assert_eq!(wrong, Err(RecordError::NoMatch(1)));
         // Lookups answering ids that do not start with the reference.
-        let stray = expand(&id, &rec, |_| Ok(vec![[0xee; 32]]));
+        let stray = expand(&id, rec.clone(), |_| Ok(vec![[0xee; 32]]));
         assert!(matches!(stray, Err(RecordError::NoParent(_))));
     }
 
@@ -238,12 +239,12 @@ mod tests {
         let (op, bytes, id) = data_op(vec![[1; 32]]);
         let rec = compact(&op, &bytes).unwrap();
         for len in [1, 40, 71, 90] {
-            assert_eq!(expand(&id, &rec[..len], |_| Ok(vec![[1; 32]])), Err(RecordError::Malformed));
+            assert_eq!(expand(&id, rec[..len].to_vec(), |_| Ok(vec![[1; 32]])), Err(RecordError::Malformed));
             assert!(decode_without_parents(&rec[..len]).is_err());
         }
         // Long enough to be read: the bytes made do not hash to the id.
         let len = rec.len() - 70;
-        assert_eq!(expand(&id, &rec[..len], |_| Ok(vec![[1; 32]])), Err(RecordError::NoMatch(1)));
+        assert_eq!(expand(&id, rec[..len].to_vec(), |_| Ok(vec![[1; 32]])), Err(RecordError::NoMatch(1)));
         assert!(decode_without_parents(&rec[..len]).is_err());
     }
 }

@@ -128,7 +128,7 @@ pub trait Store: TableScan + Send {
     /// parents looked up in the table (`core::oprecord`).
     fn op(&self, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, StoreError> {
         let Some(record) = self.get(Cf::Ops, id)? else { return Ok(None) };
-        op_as_signed(id, &record, |p, max| self.op_ids_with_prefix(p, max)).map(Some)
+        op_as_signed(id, record, |p, max| self.op_ids_with_prefix(p, max)).map(Some)
     }
     /// A reader of applied ops for the engine's cold index (`core::cold`),
     /// or none: the engine then keeps every applied op in memory.
@@ -142,10 +142,11 @@ pub trait Store: TableScan + Send {
 const REFERENCE_MATCHES_MAX: usize = 8;
 
 /// `record`, stored under `id` in the ops table, as the op was signed:
-/// `ids_with_prefix(prefix, max)` looks a parent reference up in the table.
+/// `ids_with_prefix(prefix, max)` looks a parent reference up in the table
+/// (only for a compact record).
 pub fn op_as_signed(
     id: &crate::protocol::Hash,
-    record: &[u8],
+    record: Vec<u8>,
     mut ids_with_prefix: impl FnMut(&[u8], usize) -> Result<Vec<crate::protocol::Hash>, StoreError>,
 ) -> Result<Vec<u8>, StoreError> {
     crate::core::oprecord::expand(id, record, |p| ids_with_prefix(p, REFERENCE_MATCHES_MAX).map_err(|e| e.to_string()))

@@ -172,16 +172,13 @@ fn corrupt_or(path: &Path, e: rocksdb::Error) -> StoreError {
 }
 
 /// The op stored under `id` as it was signed: a compact record's
-/// references looked up with one iterator, in ascending order as the
-/// parents are (`core::oprecord`).
+/// references looked up with one iterator, made for its first, in
+/// ascending order as the parents are (`core::oprecord`).
 fn op_as_signed(db: &DB, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, StoreError> {
     let h = db.cf_handle(Cf::Ops.name()).expect("every column family is opened");
     let Some(record) = db.get_cf(h, id)? else { return Ok(None) };
-    if !crate::core::oprecord::is_compact(&record) {
-        return Ok(Some(record));
-    }
-    let mut it = ops_iterator(db);
-    super::op_as_signed(id, &record, |p, max| op_ids_with_prefix(&mut it, p, max)).map(Some)
+    let mut it = None;
+    super::op_as_signed(id, record, |p, max| op_ids_with_prefix(it.get_or_insert_with(|| ops_iterator(db)), p, max)).map(Some)
 }
 
 fn ops_iterator(db: &DB) -> rocksdb::DBRawIteratorWithThreadMode<'_, DB> {
