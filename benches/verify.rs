@@ -193,5 +193,24 @@ fn decompress(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single, signing, batch, batch_four_keys, decompress);
+/// Opening key deliveries: X25519 of the node's KEM secret with 8 and 32
+/// ephemeral keys, x25519-dalek one at a time, and
+/// `edwards_lanes::x25519_many` (eight at a time where the CPU has IFMA).
+fn x25519(c: &mut Criterion) {
+    let secret = [0x42u8; 32];
+    let mut g = c.benchmark_group("x25519");
+    for n in [8usize, 32] {
+        let us: Vec<[u8; 32]> = (0..n).map(|i| dagfold::protocol::crypto::x25519_public(&[i as u8 + 1; 32])).collect();
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(BenchmarkId::new("x25519_dalek", n), |b| {
+            b.iter(|| black_box(&us).iter().map(|u| x25519_dalek::x25519(secret, *u)).collect::<Vec<_>>())
+        });
+        g.bench_function(BenchmarkId::new("dagfold_x25519_many", n), |b| {
+            b.iter(|| dagfold::protocol::edwards_lanes::x25519_many(&secret, black_box(&us)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, single, signing, batch, batch_four_keys, decompress, x25519);
 criterion_main!(benches);

@@ -458,6 +458,14 @@ impl Engine {
 
     /// A key delivery (SPEC §9).
     pub fn handle_key(&mut self, kd: &KeyDelivery, now_ms: u64) -> Outcome {
+        self.handle_key_opened(kd, None, now_ms)
+    }
+
+    /// `handle_key`, with the delivery opened ahead when `opened` is given
+    /// (the pipeline's decryptor opens a batch's deliveries to this node
+    /// together, `crypto::open_key_deliveries_to`): `Some(None)` if it
+    /// does not open.
+    pub fn handle_key_opened(&mut self, kd: &KeyDelivery, opened: Option<Option<[u8; 32]>>, now_ms: u64) -> Outcome {
         if self.cold_failed().is_some() {
             return Outcome::StoreFailed;
         }
@@ -465,7 +473,8 @@ impl Engine {
             self.stats.keys_ignored += 1;
             return Outcome::KeyIgnored;
         }
-        let Some(key) = open_key_delivery_to(kd, &self.identity.kem_secret, &self.identity.kem_public) else {
+        let opened = opened.unwrap_or_else(|| open_key_delivery_to(kd, &self.identity.kem_secret, &self.identity.kem_public));
+        let Some(key) = opened else {
             self.stats.keys_ignored += 1;
             return Outcome::KeyIgnored;
         };

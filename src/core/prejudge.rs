@@ -65,6 +65,7 @@ pub fn authorize(gov: &mut Governance, op: &Op) -> PreAuth {
 pub struct Prepared {
     pub auth: Option<PreAuth>,
     /// The payload opened with the key of `key_id`: `Some(None)` is a tag
-    /// mismatch.
+    /// mismatch. For a key delivery to this node, the key it seals
+    /// (`Some(None)`: it does not open; `Engine::handle_key_opened`).
     pub opened: Option<Option<Vec<u8>>>,
 }

@@ -553,7 +553,8 @@ impl Pipeline {
         threads.push(spawn("dagfold-authorizer", Box::new(move || authorizer::run(auth_rx, dec_tx, g))));
         let k = keyring.clone();
         let gate_in = order_gate.clone();
-        threads.push(spawn("dagfold-decryptor", Box::new(move || decryptor::run(dec_rx, order_tx, k, &gate_in))));
+        let id = identity.clone();
+        threads.push(spawn("dagfold-decryptor", Box::new(move || decryptor::run(dec_rx, order_tx, k, &id, &gate_in))));
         let sh = shared.clone();
         let commit_ops_max = cfg.commit_ops_max;
         let tick_ms = cfg.tick_ms;

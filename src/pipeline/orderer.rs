@@ -326,7 +326,8 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
         Work::Malformed => engine.note_malformed(),
         Work::Key { kd, host } => {
             engine.stats.frames += 1;
-            let outcome = engine.handle_key(&kd, now);
+            let opened = item.pre.opened.map(|o| o.and_then(|key| <[u8; 32]>::try_from(key).ok()));
+            let outcome = engine.handle_key_opened(&kd, opened, now);
             note_host(hosts, host, outcome == Outcome::KeyAccepted);
             outcome
         }

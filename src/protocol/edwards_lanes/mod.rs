@@ -89,6 +89,49 @@ pub fn vartime_multiscalar_mul(scalars: &[Scalar], points: &[EdwardsPoint]) -> E
 /// quicker: a row of eight lanes costs the same with one point in it.
 const LANES_FROM: usize = 16;
 
+/// `x25519(secret, u)` (RFC 7748, `x25519_dalek::x25519`) for each of
+/// `us`, in order: a node opening the key deliveries of a batch. On the
+/// IFMA path eight `u` at a time run one Montgomery ladder in the lanes,
+/// in constant time (`ladder`); a lone one takes dalek's serial ladder,
+/// which a row of eight lanes costs more than.
+pub fn x25519_many(secret: &[u8; 32], us: &[[u8; 32]]) -> Vec<[u8; 32]> {
+    #[cfg(target_arch = "x86_64")]
+    if us.len() >= 2 && ladder_usable() {
+        let mut out = Vec::with_capacity(us.len());
+        for chunk in us.chunks(8) {
+            if chunk.len() == 1 {
+                out.push(x25519_dalek::x25519(*secret, chunk[0]));
+            } else {
+                // SAFETY: ladder_usable() saw the CPU features.
+                out.extend(unsafe { ladder::x25519_8(secret, chunk) });
+            }
+        }
+        return out;
+    }
+    us.iter().map(|u| x25519_dalek::x25519(*secret, *u)).collect()
+}
+
+/// Whether the lanes' ladder may be used: the CPU has IFMA, and before
+/// first use the ladder gave dalek's results for a few inputs (RFC 7748's
+/// vectors among them).
+#[cfg(target_arch = "x86_64")]
+fn ladder_usable() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        if !ifma::usable() {
+            return false;
+        }
+        let secret: [u8; 32] = std::array::from_fn(|i| (i as u8).wrapping_mul(29).wrapping_add(7));
+        let us: Vec<[u8; 32]> = (0..8u8).map(|j| std::array::from_fn(|i| (i as u8 ^ j).wrapping_mul(13).wrapping_add(j))).collect();
+        // SAFETY: ifma::usable() saw the CPU features.
+        let ok = unsafe { ladder::x25519_8(&secret, &us) } == us.iter().map(|u| x25519_dalek::x25519(secret, *u)).collect::<Vec<_>>();
+        if !ok {
+            eprintln!("dagfold: the IFMA X25519 ladder disagreed with x25519-dalek's; using dalek's");
+        }
+        ok
+    })
+}
+
 /// Whether `decompress_many` takes the IFMA path on this machine.
 pub fn accelerated() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -106,6 +149,8 @@ mod canonical;
 mod field8;
 #[cfg(target_arch = "x86_64")]
 mod ifma;
+#[cfg(target_arch = "x86_64")]
+mod ladder;
 
 #[cfg(test)]
 mod tests {
@@ -199,21 +244,7 @@ mod tests {
         }
         // Edge encodings: y = 0, 1, -1, p, p+1, 2^255-1, each with both signs,
         // and the eight small-order points.
-        let p = canonical::P;
-        let bytes_of = |w: [u64; 4]| -> [u8; 32] {
-            let mut b = [0u8; 32];
-            for i in 0..4 {
-                b[8 * i..8 * i + 8].copy_from_slice(&w[i].to_le_bytes());
-            }
-            b
-        };
-        for w in [[0, 0, 0, 0], [1, 0, 0, 0], canonical::neg(&[1, 0, 0, 0]), p, [p[0] + 1, p[1], p[2], p[3]], [u64::MAX, u64::MAX, u64::MAX, u64::MAX >> 1]] {
-            let b = bytes_of(w);
-            encodings.push(b);
-            let mut s = b;
-            s[31] |= 0x80;
-            encodings.push(s);
-        }
+        encodings.extend(edge_encodings());
         for t in curve25519_dalek::constants::EIGHT_TORSION {
             encodings.push(t.compress().to_bytes());
         }
@@ -227,5 +258,53 @@ mod tests {
         }
         let valid = encodings.iter().filter(|b| CompressedEdwardsY(**b).decompress().is_some()).count();
         assert!(valid > 800 && valid < encodings.len(), "both kinds are covered: {valid}");
+    }
+
+    fn bytes_of(w: [u64; 4]) -> [u8; 32] {
+        std::array::from_fn(|i| (w[i / 8] >> (8 * (i % 8))) as u8)
+    }
+
+    /// The field's edge values 0, 1, -1, p, p + 1 and 2^255 - 1, each also
+    /// with the top bit set.
+    fn edge_encodings() -> Vec<[u8; 32]> {
+        let p = canonical::P;
+        let mut out = Vec::new();
+        for w in [[0, 0, 0, 0], [1, 0, 0, 0], canonical::neg(&[1, 0, 0, 0]), p, [p[0] + 1, p[1], p[2], p[3]], [u64::MAX, u64::MAX, u64::MAX, u64::MAX >> 1]] {
+            let b = bytes_of(w);
+            let mut top = b;
+            top[31] |= 0x80;
+            out.extend([b, top]);
+        }
+        out
+    }
+
+    /// X25519 in the lanes gives `x25519_dalek::x25519`'s result: RFC
+    /// 7748's vectors, `u` of every edge (0, 1, p - 1, p, p + 1, above p,
+    /// the top bit set, points of small order, points on the twist) and
+    /// random ones, in batches of every length around eight.
+    #[test]
+    fn x25519_in_lanes_is_dalek_s() {
+        let h = |s: &str| -> [u8; 32] { hex::decode(s).unwrap().try_into().unwrap() };
+        let rfc = [
+            ("a546e36bf0527c9d3b16154b82465edd62144c0ac1fc5a18506a2244ba449ac4", "e6db6867583030db3594c1a424b15f7c726624ec26b3353b10a903a6d0ab1c4c", "c3da55379de9c6908e94ea4df28d084f32eccf03491c71f754b4075577a28552"),
+            ("4b66e9d4d1b4673c5ad22691957d6af5c11b6421e0ea01d42ca4169e7918ba0d", "e5210f12786811d3f4b7959d0538ae2c31dbe7106fc03c3efc4cd549c715a493", "95cbde9476e8907d7aade45cb4b873f88b595a68799fa152e6f8f7647aac7957"),
+        ];
+        for (k, u, out) in rfc {
+            assert_eq!(x25519_many(&h(k), &[h(u), h(u)]), vec![h(out), h(out)], "RFC 7748 §5.2");
+        }
+        let mut us = edge_encodings();
+        // Two points of small order (libsodium's blocklist) and 2, which
+        // is on the twist.
+        us.push(h("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"));
+        us.push(h("5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157"));
+        us.push(bytes_of([2, 0, 0, 0]));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(25519);
+        us.extend((0..40).map(|_| rng.gen::<[u8; 32]>()));
+        for secret in [rng.gen::<[u8; 32]>(), [0u8; 32], [0xff; 32]] {
+            for n in [us.len(), 1, 2, 7, 8, 9, 17] {
+                let want: Vec<[u8; 32]> = us[..n].iter().map(|u| x25519_dalek::x25519(secret, *u)).collect();
+                assert_eq!(x25519_many(&secret, &us[..n]), want, "{n} points, secret {}", hex::encode(secret));
+            }
+        }
     }
 }
