@@ -33,7 +33,16 @@ pub struct ProjectorStats {
 struct Projected {
     projection: Projection,
     divergences: u64,
+    /// Entities whose index record (`Cf::Items`) this run has written, so
+    /// that a new cell of one writes only its own record. Not restored:
+    /// after a restart an entity's record is put once more (the same key,
+    /// empty value: harmless). Cleared beyond `INDEXED_ENTITIES_MAX`.
+    indexed: std::collections::HashSet<String>,
 }
+
+/// Entities remembered as indexed per scope, at most: a scope of many
+/// entities forgets them all and puts their records again as it goes.
+const INDEXED_ENTITIES_MAX: usize = 1024;
 
 #[derive(Default)]
 pub struct Projector {
@@ -188,16 +197,18 @@ impl Projector {
         let mut touched = std::mem::take(&mut self.touched);
         touched.sort_unstable();
         touched.dedup();
-        // An entity's record once per commit, not once per new cell of it
-        // (the API's writes make a new cell each, in one entity).
-        let mut entities: std::collections::HashSet<String> = std::collections::HashSet::new();
+        // An entity's record once, not once per new cell of it (the API's
+        // writes make a new cell each, in one entity; a scope's ops, each
+        // in its own commit, mostly add cells to entities it has).
         for scope in &touched {
             let p = self.scopes.get_mut(scope).expect("a touched scope is projected");
-            entities.clear();
             for (path, slot, created) in p.projection.take_changed() {
                 if created {
-                    if !entities.contains(&slot.entity) {
-                        entities.insert(slot.entity.clone());
+                    if !p.indexed.contains(&slot.entity) {
+                        if p.indexed.len() >= INDEXED_ENTITIES_MAX {
+                            p.indexed.clear();
+                        }
+                        p.indexed.insert(slot.entity.clone());
                         c.writes.push(item_entity_write(scope, &slot.entity));
                     }
                     c.writes.push(item_cell_write(scope, &slot.entity, &slot.key));
@@ -244,11 +255,11 @@ mod tests {
         assert_eq!(p.root(&scope), after);
     }
 
-    /// A commit's new cells index their entity once, and each cell once;
-    /// a later commit's new cell of the entity indexes it again (puts of
-    /// the same key, harmless), a changed cell not at all.
+    /// New cells index their entity once, and each cell once; a later
+    /// commit's new cell of the entity indexes only itself, a changed cell
+    /// nothing.
     #[test]
-    fn a_commit_indexes_each_entity_with_new_cells_once() {
+    fn an_entity_with_new_cells_is_indexed_once() {
         let put = |entity: &str, k: u8| Action::Put { entity: entity.into(), key: vec![k], value: vec![k] };
         let fold = |scope, actions: Vec<Action>| Fold { scope, hlc: 1, author: [1; 32], actions, check: None };
         let items = |c: &Commit| -> Vec<Vec<u8>> {
@@ -281,11 +292,19 @@ mod tests {
         p.fold(fold(s1, vec![put("e", 0), put("e", 4)]));
         let mut c = Commit::default();
         p.finish_commit(&mut c);
-        let want: Vec<Vec<u8>> = [item_entity_write(&s1, "e"), item_cell_write(&s1, "e", &[4])]
-            .into_iter()
-            .map(|w| if let Write::Put(_, k, _) = w { k } else { unreachable!() })
-            .collect();
-        assert_eq!(items(&c), want);
+        let key = |w| if let Write::Put(_, k, _) = w { k } else { unreachable!() };
+        assert_eq!(items(&c), vec![key(item_cell_write(&s1, "e", &[4]))]);
+        // A new entity in a later commit is indexed, and a scope that
+        // forgot its entities (a restart, or too many) indexes them again.
+        p.fold(fold(s1, vec![put("g", 5)]));
+        let mut c = Commit::default();
+        p.finish_commit(&mut c);
+        assert_eq!(items(&c), vec![key(item_entity_write(&s1, "g")), key(item_cell_write(&s1, "g", &[5]))]);
+        let mut restarted = Projector::default();
+        restarted.fold(fold(s1, vec![put("e", 6)]));
+        let mut c = Commit::default();
+        restarted.finish_commit(&mut c);
+        assert_eq!(items(&c), vec![key(item_entity_write(&s1, "e")), key(item_cell_write(&s1, "e", &[6]))]);
     }
 
     /// A scope's shard is a function of its id alone: these values are
