@@ -2,7 +2,6 @@
 //! synced in durable mode), then publishes its statuses and hands it to the
 //! node's side effects, which may only follow durability.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,7 +11,8 @@ use metrics::{counter, histogram};
 use super::metrics::note_age;
 use super::shards::Join;
 use super::{Committed, ConnId, PipelineState};
-use crate::core::{Commit, ScopeStatus, Write};
+use crate::core::{Commit, IdMap, ScopeStatus, Write};
+use crate::protocol::Hash;
 use crate::store::Store;
 
 /// A folded commit (or a shard's part of one) on its way from the
@@ -123,7 +123,7 @@ fn write_group<S: Store>(store: &mut S, group: &mut [ToCommit], sync: bool) -> R
 /// statuses are published, its API writes answered, and its side effects
 /// handed to the node.
 fn published(c: ToCommit, shared: &PipelineState, applied_bytes: bool, on_durable: &mut Box<dyn FnMut(Committed) + Send>) {
-    let (commit, statuses, conns, received) = c;
+    let (mut commit, statuses, conns, received) = c;
     // The orderer may now answer for its ops from the store.
     shared.durable_commits.store(commit.number + 1, Ordering::Release);
     histogram!("dagfold_commit_writes").record(commit.writes.len() as f64);
@@ -148,23 +148,26 @@ fn published(c: ToCommit, shared: &PipelineState, applied_bytes: bool, on_durabl
     shared.durable.send_replace(commit.number + 1);
     answer_own_ops(shared, commit.number);
     // The encodings of applied ops are in the batch just written, or
-    // (a pending op's, written when it was buffered) beside it.
-    let mut bytes: HashMap<&[u8], &Vec<u8>> = HashMap::new();
+    // (a pending op's, written when it was buffered; a data op's stored by
+    // reference to its parents) beside it: moved out, not copied, as the
+    // commit's writes are done with.
+    let mut bytes: IdMap<Hash, Vec<u8>> = IdMap::default();
     if applied_bytes {
-        for w in &commit.writes {
+        bytes.reserve(commit.applied.len());
+        for w in commit.writes.drain(..) {
             if let Write::Put(crate::core::Cf::Ops, k, v) = w {
-                bytes.insert(k.as_slice(), v);
+                if let Ok(id) = Hash::try_from(k.as_slice()) {
+                    bytes.insert(id, v);
+                }
             }
         }
-        for (id, v) in &commit.released {
-            bytes.insert(id.as_slice(), v);
-        }
+        bytes.extend(commit.released.drain(..));
     }
     let applied = commit
         .applied
         .iter()
         .zip(conns)
-        .map(|((id, scope), conn)| (*id, *scope, bytes.get(id.as_slice()).map(|v| (*v).clone()).unwrap_or_default(), conn))
+        .map(|((id, scope), conn)| (*id, *scope, bytes.remove(id).unwrap_or_default(), conn))
         .collect();
     on_durable(Committed { events: commit.events, applied, members, delivered: commit.delivered });
 }
