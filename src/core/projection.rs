@@ -14,6 +14,9 @@ pub struct CellSlot {
     leaf: LeafId,
 }
 
+/// Paths a scope keeps room for between commits, at most.
+const CHANGED_KEPT_MAX: usize = 256;
+
 #[derive(Default)]
 pub struct Projection {
     cells: super::IdMap<Hash, CellSlot>,
@@ -107,12 +110,17 @@ impl Projection {
     /// Cells changed since the last call (each once), for the commit, each
     /// with whether it was created since then.
     pub fn take_changed(&mut self) -> Vec<(Hash, &CellSlot, bool)> {
-        let mut changed = std::mem::take(&mut self.changed);
-        changed.sort_unstable();
-        changed.dedup();
-        let mut created = std::mem::take(&mut self.created);
-        created.sort_unstable();
-        changed.into_iter().map(|p| (p, &self.cells[&p], created.binary_search(&p).is_ok())).collect()
+        // Emptied in place: their capacity serves the scope's next commit
+        // (taken, they grew again from nothing for each), up to a bound.
+        self.changed.sort_unstable();
+        self.changed.dedup();
+        self.created.sort_unstable();
+        let (cells, created) = (&self.cells, &self.created);
+        let out = self.changed.drain(..).map(|p| (p, &cells[&p], created.binary_search(&p).is_ok())).collect();
+        self.created.clear();
+        self.changed.shrink_to(CHANGED_KEPT_MAX);
+        self.created.shrink_to(CHANGED_KEPT_MAX);
+        out
     }
 
     /// Restores a cell read back from the store (no fold is re-run).

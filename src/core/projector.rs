@@ -197,6 +197,9 @@ impl Projector {
         let mut touched = std::mem::take(&mut self.touched);
         touched.sort_unstable();
         touched.dedup();
+        // A cell's write per touched scope at least (sized up front: grown
+        // by doubling, the list was copied again at each step).
+        c.writes.reserve(touched.len() * 2);
         // An entity's record once, not once per new cell of it (the API's
         // writes make a new cell each, in one entity; a scope's ops, each
         // in its own commit, mostly add cells to entities it has).
