@@ -475,7 +475,7 @@ mod tests {
             pending: 0,
             key_waiting: 0,
             data_key_waiting: 0,
-            members: member.map(|m| (m, crate::protocol::Role::Reader)).into_iter().collect(),
+            members: member.map(|m| (m, crate::protocol::Role::Reader)).into_iter().collect::<Vec<_>>().into(),
         }
     }
 

@@ -63,7 +63,7 @@ pub(super) struct ScopeState {
     /// for every scope a commit touches: with thousands of scopes written
     /// at once, the state at the heads and its sort cost more than the
     /// rest of the status.)
-    pub(super) members_at_heads: Option<Vec<(PublicKey, Role)>>,
+    pub(super) members_at_heads: Option<std::sync::Arc<[(PublicKey, Role)]>>,
     pub(super) data_heads: BTreeSet<Hash>,
     pub(super) applied: u64,
     pub(super) event_seq: u64,

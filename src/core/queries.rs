@@ -61,11 +61,12 @@ impl Engine {
                     Some(g) => {
                         let mut members: Vec<(PublicKey, Role)> = g.members.iter().map(|(k, r)| (*k, *r)).collect();
                         members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                        let members: std::sync::Arc<[(PublicKey, Role)]> = members.into();
                         self.scopes[i as usize].members_at_heads = Some(members.clone());
                         members
                     }
                     // Not kept: the heads' state is not indexed (yet).
-                    None => Vec::new(),
+                    None => std::sync::Arc::from([]),
                 }
             }
         };

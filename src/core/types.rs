@@ -235,7 +235,11 @@ pub struct ScopeStatus {
     pub data_key_waiting: u64,
     /// The members of `G` at `governance_heads`, sorted by key: whom the
     /// node may serve what reveals the scope (SPEC §10). Not in the JSON.
-    pub members: Vec<(PublicKey, Role)>,
+    /// Shared: a scope's statuses between two changes of its governance
+    /// heads hold the same list (one status per scope a commit touches:
+    /// with thousands of scopes each was a copy, compared by the committer
+    /// with the last).
+    pub members: std::sync::Arc<[(PublicKey, Role)]>,
 }
 
 impl ScopeStatus {

@@ -137,7 +137,7 @@ fn published(c: ToCommit, shared: &PipelineState, applied_bytes: bool, on_durabl
     {
         let mut st = shared.status.write().unwrap();
         for s in statuses {
-            if st.get(&s.scope).is_none_or(|old| old.members != s.members) {
+            if st.get(&s.scope).is_none_or(|old| !Arc::ptr_eq(&old.members, &s.members) && old.members != s.members) {
                 members.push((s.scope, s.members.iter().map(|(k, _)| *k).collect()));
             }
             st.insert(s.scope, s);

@@ -228,7 +228,7 @@ mod tests {
             key_waiting: 0,
             data_key_waiting: 0,
             root: crate::protocol::ZERO,
-            members: vec![],
+            members: std::sync::Arc::from([]),
         }
     }
 
