@@ -18,8 +18,9 @@
 //! The threads only move work. The engine decides everything; the
 //! authorizer and decryptor compute, ahead of it, pure functions of an op
 //! (its verdict at its cut from a replica of the governance index that holds
-//! only accepted ops; its payload opened with a self-certifying key), which
-//! the engine uses on the op's first judgement. The cascade runs inside the
+//! only accepted ops; its payload opened with a self-certifying key; a key
+//! delivery to the node opened with its KEM secret), which the engine uses
+//! on the op's first judgement. The cascade runs inside the
 //! orderer, through the same judging code. The fold of the applied data ops
 //! (SPEC §8), which no verdict depends on, runs after the orderer on the
 //! projector thread (`core::Projector`), commit by commit, so that a long
