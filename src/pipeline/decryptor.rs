@@ -1,9 +1,9 @@
 //! The decryptor: opens the payload of each op authorized ahead whose key
 //! is on the keyring replica (the keys the engine accepted), and the key
-//! deliveries to this node of keys not on it, their X25519s together (one
-//! was ~60 µs of the orderer's thread, serial; eight in IFMA lanes cost
-//! about one); then holds the batch's bytes in the orderer's queue budget
-//! (`gate.rs`).
+//! deliveries to this node of keys not on it, their X25519s together
+//! (x25519-dalek's serial ladder, ~43 µs each, was on the orderer's
+//! thread; eight in IFMA lanes take ~51 µs); then holds the batch's bytes
+//! in the orderer's queue budget (`gate.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -43,20 +43,16 @@ pub(super) fn run(
             // Deliveries the engine would open: to this node, of a key it
             // lacks (a duplicate of one opened here is opened again, and
             // ignored by the engine).
-            let ours: Vec<usize> = (0..batch.items.len())
-                .filter(|&n| match &batch.items[n].work {
-                    Work::Key { kd, .. } => kd.recipient == identity.public_key && !keys.contains_key(&kd.key_id),
-                    _ => false,
+            let (ours, kds): (Vec<usize>, Vec<_>) = batch
+                .items
+                .iter()
+                .enumerate()
+                .filter_map(|(n, i)| match &i.work {
+                    Work::Key { kd, .. } if kd.recipient == identity.public_key && !keys.contains_key(&kd.key_id) => Some((n, kd)),
+                    _ => None,
                 })
-                .collect();
-            if !ours.is_empty() {
-                let kds: Vec<_> = ours
-                    .iter()
-                    .filter_map(|&n| match &batch.items[n].work {
-                        Work::Key { kd, .. } => Some(kd),
-                        _ => None,
-                    })
-                    .collect();
+                .unzip();
+            if !kds.is_empty() {
                 let opened = open_key_deliveries_to(&kds, &identity.kem_secret, &identity.kem_public);
                 for (n, key) in ours.into_iter().zip(opened) {
                     batch.items[n].pre.opened = Some(key.map(|k| k.to_vec()));
