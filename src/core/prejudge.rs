@@ -65,7 +65,9 @@ pub fn authorize(gov: &mut Governance, op: &Op) -> PreAuth {
 pub struct Prepared {
     pub auth: Option<PreAuth>,
     /// The payload opened with the key of `key_id`: `Some(None)` is a tag
-    /// mismatch. For a key delivery to this node, the key it seals
-    /// (`Some(None)`: it does not open; `Engine::handle_key_opened`).
+    /// mismatch.
     pub opened: Option<Option<Vec<u8>>>,
+    /// A key delivery to this node: the key it seals (`Some(None)`: it
+    /// does not open; `Engine::handle_key_opened`).
+    pub key: Option<Option<[u8; 32]>>,
 }

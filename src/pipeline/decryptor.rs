@@ -55,7 +55,7 @@ pub(super) fn run(
             if !kds.is_empty() {
                 let opened = open_key_deliveries_to(&kds, &identity.kem_secret, &identity.kem_public);
                 for (n, key) in ours.into_iter().zip(opened) {
-                    batch.items[n].pre.opened = Some(key.map(|k| k.to_vec()));
+                    batch.items[n].pre.key = Some(key);
                 }
             }
         }
@@ -100,9 +100,9 @@ mod tests {
         drop(in_tx);
         run(in_rx, out_tx, keyring, &me, &gate::ByteGate::new(1 << 30));
         let batch = out_rx.recv().unwrap();
-        let opened: Vec<Option<Option<Vec<u8>>>> = batch.items.into_iter().map(|i| i.pre.opened).collect();
+        let opened: Vec<Option<Option<[u8; 32]>>> = batch.items.into_iter().map(|i| i.pre.key).collect();
         for (i, key) in keys[..11].iter().enumerate() {
-            assert_eq!(opened[i], Some(Some(key.to_vec())), "delivery {i} opened");
+            assert_eq!(opened[i], Some(Some(*key)), "delivery {i} opened");
         }
         assert_eq!(opened[11], None, "to another node: not opened");
         assert_eq!(opened[12], None, "a key on the keyring: not opened again");

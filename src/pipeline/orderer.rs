@@ -326,8 +326,7 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
         Work::Malformed => engine.note_malformed(),
         Work::Key { kd, host } => {
             engine.stats.frames += 1;
-            let opened = item.pre.opened.map(|o| o.and_then(|key| <[u8; 32]>::try_from(key).ok()));
-            let outcome = engine.handle_key_opened(&kd, opened, now);
+            let outcome = engine.handle_key_opened(&kd, item.pre.key, now);
             note_host(hosts, host, outcome == Outcome::KeyAccepted);
             outcome
         }
@@ -382,7 +381,7 @@ fn judge_own(engine: &mut Engine, o: crate::pipeline::OwnOp, authoring: &mut Aut
     // Signed by the node's own key over `id` (`Work::Own`); the payload it
     // sealed is `plain`.
     let root = if plane == crate::protocol::PLANE_DATA { plain.as_ref().and_then(|p| p.get(..32)?.try_into().ok()) } else { None };
-    let pre = crate::core::Prepared { auth: None, opened: plain.map(Some) };
+    let pre = crate::core::Prepared { auth: None, opened: plain.map(Some), key: None };
     let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre }, true, now);
     let answer = Authored { id, root, outcome, commit: engine.commit_number(), event_seq };
     if outcome == Outcome::Applied {

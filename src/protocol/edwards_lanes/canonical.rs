@@ -15,6 +15,11 @@ fn geq(a: &[u64; 4], b: &[u64; 4]) -> bool {
 }
 
 fn sub(a: &[u64; 4], b: &[u64; 4]) -> [u64; 4] {
+    sub_borrow(a, b).0
+}
+
+/// `a - b` modulo 2^256, and 1 if it borrowed (`a < b`), else 0.
+fn sub_borrow(a: &[u64; 4], b: &[u64; 4]) -> ([u64; 4], u64) {
     let mut out = [0u64; 4];
     let mut borrow = 0u64;
     for i in 0..4 {
@@ -23,7 +28,7 @@ fn sub(a: &[u64; 4], b: &[u64; 4]) -> [u64; 4] {
         out[i] = d;
         borrow = (b1 | b2) as u64;
     }
-    out
+    (out, borrow)
 }
 
 /// The low 255 bits of `bytes` as radix-2^52 limbs (limb 4 < 2^47), as
@@ -42,12 +47,36 @@ pub fn limbs52(w: &[u64; 4]) -> [u64; 5] {
 /// The reduced value of radix-2^52 limbs with limbs 0–3 < 2^52 and
 /// limb 4 < 2^48 (so the value is below 2^256 < 3p).
 pub fn from_limbs52(l: &[u64; 5]) -> [u64; 4] {
-    debug_assert!(l[..4].iter().all(|x| *x <= M52) && l[4] < 1 << 48);
-    let mut w = [l[0] | l[1] << 52, l[1] >> 12 | l[2] << 40, l[2] >> 24 | l[3] << 28, l[3] >> 36 | l[4] << 16];
+    let mut w = words52(l);
     while geq(&w, &P) {
         w = sub(&w, &P);
     }
     w
+}
+
+/// `from_limbs52` in constant time: two masked subtractions of `p`, so a
+/// secret (a shared X25519 secret) takes the same time whatever its value.
+pub fn from_limbs52_ct(l: &[u64; 5]) -> [u64; 4] {
+    let mut w = words52(l);
+    for _ in 0..2 {
+        let (d, borrow) = sub_borrow(&w, &P);
+        // No borrow: w ≥ p, take w - p.
+        let take = borrow.wrapping_sub(1);
+        w = std::array::from_fn(|i| (d[i] & take) | (w[i] & !take));
+    }
+    w
+}
+
+/// The value of radix-2^52 limbs (limbs 0–3 < 2^52, limb 4 < 2^48) as
+/// four words, unreduced.
+fn words52(l: &[u64; 5]) -> [u64; 4] {
+    debug_assert!(l[..4].iter().all(|x| *x <= M52) && l[4] < 1 << 48);
+    [l[0] | l[1] << 52, l[1] >> 12 | l[2] << 40, l[2] >> 24 | l[3] << 28, l[3] >> 36 | l[4] << 16]
+}
+
+/// The 32 little-endian bytes of four words.
+pub fn to_bytes(w: &[u64; 4]) -> [u8; 32] {
+    std::array::from_fn(|i| (w[i / 8] >> (8 * (i % 8))) as u8)
 }
 
 /// `-x mod p` of a reduced `x`.

@@ -158,6 +158,12 @@ pub(super) unsafe fn constant(c: &[u64; 4]) -> F8 {
     F8(std::array::from_fn(|i| splat(l[i])))
 }
 
+/// `x^(p - 2) = (x^(2^252 - 3))^8 · x^3`, the inverse of `x` (0 for 0).
+#[target_feature(enable = "avx512f,avx512ifma")]
+pub(super) unsafe fn invert(x: &F8) -> F8 {
+    mul(&square_n(&pow_p58(x), 3), &mul(&square(x), x))
+}
+
 /// `x^(2^252 - 3)`, the addition chain of RFC 8032's square root.
 #[target_feature(enable = "avx512f,avx512ifma")]
 pub(super) unsafe fn pow_p58(x: &F8) -> F8 {

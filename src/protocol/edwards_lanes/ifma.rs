@@ -276,14 +276,11 @@ unsafe fn completed(x: &F8, y: &F8, z: &F8, t: &F8) -> Point8 {
 /// `1/Z` as `Z^(p-2) = (Z^(2^252-3))^8 · Z^3`.
 #[target_feature(enable = "avx512f,avx512ifma")]
 unsafe fn compress8(x: &F8, y: &F8, z: &F8) -> [[u8; 32]; 8] {
-    let z_inv = mul(&square_n(&pow_p58(z), 3), &mul(&square(z), z));
+    let z_inv = invert(z);
     let (x, y) = (store(&mul(x, &z_inv)), store(&mul(y, &z_inv)));
     std::array::from_fn(|j| {
         let (x, y) = (canonical::from_limbs52(&x[j]), canonical::from_limbs52(&y[j]));
-        let mut b = [0u8; 32];
-        for (i, w) in y.iter().enumerate() {
-            b[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
-        }
+        let mut b = canonical::to_bytes(&y);
         b[31] |= ((x[0] & 1) as u8) << 7;
         b
     })

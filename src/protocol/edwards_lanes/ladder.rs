@@ -3,10 +3,11 @@
 //! conditional swaps follow the secret's bits, which are the same in
 //! every lane, so a swap is a masked exchange of whole registers. Neither
 //! the time nor the memory touched depends on the secret or the points:
-//! no branch or index on them, the final reduction by masks too.
+//! no branch or index on them, the final reduction by masks too
+//! (`canonical::from_limbs52_ct`).
 
 use super::canonical;
-use super::field8::{add, constant, load, mul, pow_p58, splat, square, square_n, store, sub, F8};
+use super::field8::{add, constant, invert, load, mul, splat, square, store, sub, F8};
 use core::arch::x86_64::*;
 
 /// `x25519(secret, u)` for each of `us` (up to eight; the rest of the
@@ -47,19 +48,9 @@ pub(super) unsafe fn x25519_8(secret: &[u8; 32], us: &[[u8; 32]]) -> Vec<[u8; 32
     }
     cswap(&mut x2, &mut x3, swap);
     cswap(&mut z2, &mut z3, swap);
-    // z2^(p-2) = (z2^(2^252-3))^8 · z2^3; z2 = 0 gives 0, as the RFC's does.
-    let z_inv = mul(&square_n(&pow_p58(&z2), 3), &mul(&square(&z2), &z2));
-    let out = store(&mul(&x2, &z_inv));
-    (0..us.len())
-        .map(|j| {
-            let w = reduce_ct(&out[j]);
-            let mut b = [0u8; 32];
-            for (i, x) in w.iter().enumerate() {
-                b[8 * i..8 * i + 8].copy_from_slice(&x.to_le_bytes());
-            }
-            b
-        })
-        .collect()
+    // z2 = 0 (u of small order) gives 0, as the RFC's ladder does.
+    let out = store(&mul(&x2, &invert(&z2)));
+    (0..us.len()).map(|j| canonical::to_bytes(&canonical::from_limbs52_ct(&out[j]))).collect()
 }
 
 /// Exchanges `a` and `b` when `swap` is 1, by masks.
@@ -72,27 +63,4 @@ unsafe fn cswap(a: &mut F8, b: &mut F8, swap: u64) {
         a.0[i] = _mm512_xor_si512(a.0[i], t);
         b.0[i] = _mm512_xor_si512(b.0[i], t);
     }
-}
-
-/// The reduced value of limbs in `field8`'s invariant (below 2^256, so
-/// below 3p), with two masked subtractions of `p`: the shared secret's
-/// reduction takes the same time whatever its value.
-fn reduce_ct(l: &[u64; 5]) -> [u64; 4] {
-    let mut w = [l[0] | l[1] << 52, l[1] >> 12 | l[2] << 40, l[2] >> 24 | l[3] << 28, l[3] >> 36 | l[4] << 16];
-    for _ in 0..2 {
-        let mut d = [0u64; 4];
-        let mut borrow = 0u64;
-        for i in 0..4 {
-            let (x, b1) = w[i].overflowing_sub(canonical::P[i]);
-            let (x, b2) = x.overflowing_sub(borrow);
-            d[i] = x;
-            borrow = (b1 | b2) as u64;
-        }
-        // No borrow: w ≥ p, take w - p.
-        let take = borrow.wrapping_sub(1);
-        for i in 0..4 {
-            w[i] = (d[i] & take) | (w[i] & !take);
-        }
-    }
-    w
 }

@@ -260,17 +260,13 @@ mod tests {
         assert!(valid > 800 && valid < encodings.len(), "both kinds are covered: {valid}");
     }
 
-    fn bytes_of(w: [u64; 4]) -> [u8; 32] {
-        std::array::from_fn(|i| (w[i / 8] >> (8 * (i % 8))) as u8)
-    }
-
     /// The field's edge values 0, 1, -1, p, p + 1 and 2^255 - 1, each also
     /// with the top bit set.
     fn edge_encodings() -> Vec<[u8; 32]> {
         let p = canonical::P;
         let mut out = Vec::new();
         for w in [[0, 0, 0, 0], [1, 0, 0, 0], canonical::neg(&[1, 0, 0, 0]), p, [p[0] + 1, p[1], p[2], p[3]], [u64::MAX, u64::MAX, u64::MAX, u64::MAX >> 1]] {
-            let b = bytes_of(w);
+            let b = canonical::to_bytes(&w);
             let mut top = b;
             top[31] |= 0x80;
             out.extend([b, top]);
@@ -297,7 +293,7 @@ mod tests {
         // is on the twist.
         us.push(h("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"));
         us.push(h("5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157"));
-        us.push(bytes_of([2, 0, 0, 0]));
+        us.push(canonical::to_bytes(&[2, 0, 0, 0]));
         let mut rng = rand::rngs::StdRng::seed_from_u64(25519);
         us.extend((0..40).map(|_| rng.gen::<[u8; 32]>()));
         for secret in [rng.gen::<[u8; 32]>(), [0u8; 32], [0xff; 32]] {
