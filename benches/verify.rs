@@ -165,7 +165,7 @@ fn batch_four_keys(c: &mut Criterion) {
 }
 
 /// `dagfold::protocol::sig::verify_batch` of batches of each size, each
-/// verified again and again (so its keys are in the thread's key cache).
+/// verified again and again (so its keys are in the node's key cache).
 fn own_batches(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, sizes: &[usize], make: fn(usize) -> Vec<Item>) {
     for &n in sizes {
         let batch = make(n);

@@ -70,14 +70,13 @@ pub const GOV_CUT_CACHE_MAX: usize = 65_536;
 /// sizes; a scope of 20 members and a few key rotations weighs ~50.
 pub const GOV_CUT_CACHE_WEIGHT_MAX: usize = 1 << 19;
 
-/// Decompressed Ed25519 keys kept per verifying thread
-/// (`protocol::sig`'s key cache): ~200 bytes each, ~3.3 MB per verifier at
-/// most, so ~210 MB on a 64-core machine with a verifier per core. A key
-/// used within the last 8,192 distinct keys a thread saw is found: every
-/// author of a group of thousands, decompressed once rather than in every
-/// batch. (Many small scopes' authors, each seen a few times far apart,
-/// mostly miss at any size a per-thread cache can afford.)
-pub const KEY_CACHE_MAX: usize = 16_384;
+/// Decompressed Ed25519 keys the node keeps (`protocol::sig`'s key cache,
+/// one for all verifying threads): ~200 bytes each, in 32 maps of 3,584
+/// keys (7/8 of 4,096 buckets, so no map doubles), ~24 MB at most whatever
+/// the cores. A key used within the last ~57,000 distinct keys is found:
+/// every author of 10,000 scopes of five members each (`scopes_10k`'s
+/// 50,000 keys), decompressed once rather than in every batch.
+pub const KEY_CACHE_MAX: usize = 114_688;
 
 /// Work items one cascade may process before it asserts: a cascade releases
 /// each buffered op at most once per dependency (≤ 64), so it can never

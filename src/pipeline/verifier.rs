@@ -28,6 +28,10 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::Veri
     gauge!("dagfold_verify_ifma_decompression").set(if crate::protocol::edwards_lanes::accelerated() { 1.0 } else { 0.0 });
     let verified_total = counter!("dagfold_verified_total");
     let skipped_total = counter!("dagfold_verify_known_copies_total");
+    // The node's cache of decompressed keys (`protocol::sig`), shared by
+    // the verifiers.
+    let key_hits = gauge!("dagfold_key_cache_hits_total");
+    let key_misses = gauge!("dagfold_key_cache_misses_total");
     for mut batch in rx {
         let t = Instant::now();
         note_age("verify", batch.received);
@@ -61,6 +65,9 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::Veri
         }
         histogram!("dagfold_stage_seconds", "stage" => "verify").record(t.elapsed().as_secs_f64());
         verified_total.increment(sigs.len() as u64);
+        let (hits, misses) = crate::protocol::sig::key_cache_counts();
+        key_hits.set(hits as f64);
+        key_misses.set(misses as f64);
         skipped_total.increment((known.len() - sigs.len()) as u64);
         if tx.send(batch).is_err() {
             return;

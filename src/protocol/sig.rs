@@ -116,106 +116,147 @@ pub fn verify_batch_messages<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) 
 }
 
 /// Each distinct key's slot in the negated decoded keys (None: it fails
-/// `decode_point`'s tests), and those keys. A key seen lately on this
-/// thread comes from its `KeyCache`; the others that pass the tests on the
-/// bytes are decompressed in one call, eight at a time where the CPU
-/// allows: a batch from many authors has as many keys as signatures
-/// (authors_1k, scopes_10k), and dalek's one-at-a-time decompression was
-/// as costly as the batch's `R`s were before theirs went eight at a time.
-fn decode_keys<'a>(keys: impl Iterator<Item = &'a [u8; 32]>) -> (HashMap<[u8; 32], Option<usize>>, Vec<EdwardsPoint>) {
-    KEYS.with(|cache| {
-        let mut cache = cache.borrow_mut();
-        let mut slots: HashMap<[u8; 32], Option<usize>> = HashMap::new();
-        let mut minus_keys: Vec<EdwardsPoint> = Vec::new();
-        let mut testable: Vec<[u8; 32]> = Vec::new();
-        for pk in keys {
-            if slots.contains_key(pk) {
-                continue;
-            }
-            let slot = match cache.get(pk) {
-                Some(Some(minus)) => {
-                    minus_keys.push(minus);
-                    Some(minus_keys.len() - 1)
-                }
-                Some(None) => None,
-                None => {
-                    if passes_encoding_tests(pk) {
-                        testable.push(*pk);
-                    } else {
-                        cache.insert(*pk, None);
-                    }
-                    None
-                }
-            };
-            slots.insert(*pk, slot);
+/// `decode_point`'s tests), and those keys. A key seen lately comes from
+/// `cache`; the others that pass the tests on the bytes are decompressed in
+/// one call, eight at a time where the CPU allows: a batch from many
+/// authors has as many keys as signatures (authors_1k, scopes_10k), and
+/// dalek's one-at-a-time decompression was as costly as the batch's `R`s
+/// were before theirs went eight at a time.
+fn decode_keys<'a>(cache: &KeyCache, keys: impl Iterator<Item = &'a [u8; 32]>) -> (HashMap<[u8; 32], Option<usize>>, Vec<EdwardsPoint>) {
+    let mut slots: HashMap<[u8; 32], Option<usize>> = HashMap::new();
+    let mut minus_keys: Vec<EdwardsPoint> = Vec::new();
+    let mut testable: Vec<[u8; 32]> = Vec::new();
+    for pk in keys {
+        if slots.contains_key(pk) {
+            continue;
         }
-        for (pk, point) in testable.iter().zip(edwards_lanes::decompress_many(&testable)) {
-            let minus = point.map(|a| -a);
-            cache.insert(*pk, minus);
-            if let Some(minus) = minus {
+        let slot = match cache.get(pk) {
+            Some(Some(minus)) => {
                 minus_keys.push(minus);
-                slots.insert(*pk, Some(minus_keys.len() - 1));
+                Some(minus_keys.len() - 1)
             }
+            Some(None) => None,
+            None => {
+                if passes_encoding_tests(pk) {
+                    testable.push(*pk);
+                } else {
+                    cache.insert(*pk, None);
+                }
+                None
+            }
+        };
+        slots.insert(*pk, slot);
+    }
+    for (pk, point) in testable.iter().zip(edwards_lanes::decompress_many(&testable)) {
+        let minus = point.map(|a| -a);
+        cache.insert(*pk, minus);
+        if let Some(minus) = minus {
+            minus_keys.push(minus);
+            slots.insert(*pk, Some(minus_keys.len() - 1));
         }
-        (slots, minus_keys)
-    })
+    }
+    (slots, minus_keys)
 }
 
-thread_local! {
-    static KEYS: std::cell::RefCell<KeyCache> = std::cell::RefCell::new(KeyCache::default());
+/// The node's decompressed keys, shared by every verifying thread.
+static KEYS: std::sync::LazyLock<KeyCache> = std::sync::LazyLock::new(|| KeyCache::new(crate::limits::KEY_CACHE_MAX));
+
+/// Hits and misses of the node's key cache since the start (the verifiers
+/// publish them as `dagfold_key_cache_{hits,misses}_total`).
+pub fn key_cache_counts() -> (u64, u64) {
+    KEYS.counts()
 }
 
-/// The negated decompressed keys of the batches this thread verified lately
-/// (`None`: the key fails `decode_point`'s tests), so that an author's key
-/// is decompressed once, not once per batch: in `authors_1k` each of a
-/// batch's ~60 keys was decompressed again, half the batch's decompressions.
-/// A pure function's results, so it changes no verdict. Two generations of
-/// at most `KEY_CACHE_MAX / 2` keys each: when the newer fills, the older is
-/// dropped and the newer takes its place; a key found in the older moves to
-/// the newer. So a key used within the last `KEY_CACHE_MAX / 2` distinct
-/// keys is found, whatever keys an attacker adds.
-#[derive(Default)]
+/// Shards of a `KeyCache`, chosen by a key's first byte: a verifier holds
+/// one shard's lock for one lookup or insert, so many verifiers rarely meet.
+const KEY_CACHE_SHARDS: usize = 16;
+
+/// Negated decompressed keys of the batches verified lately (`None`: the
+/// key fails `decode_point`'s tests), so that an author's key is
+/// decompressed once, not once per batch: in `authors_1k` each of a batch's
+/// ~60 keys was decompressed again, half the batch's decompressions. A pure
+/// function's results, so it changes no verdict.
+///
+/// One cache for all verifying threads, its size the node's and not a
+/// multiple of its cores: with a cache per thread, each thread saw every
+/// key, and in `scopes_10k` (50,000 keys, each signing a few times far
+/// apart) 89% of lookups missed (a replay of its key sequence, batches of
+/// 512 on two threads); one shared cache of 114,688 keys misses only each
+/// key's first use (25%).
+///
+/// Each shard keeps two generations of at most `max / 2 / KEY_CACHE_SHARDS`
+/// keys: when the newer fills, the older is dropped and the newer takes its
+/// place; a key found in the older moves to the newer. So a key used within
+/// the last `max / 2 / KEY_CACHE_SHARDS` distinct keys of its shard is
+/// found, whatever keys an attacker adds.
 struct KeyCache {
+    shards: Vec<std::sync::Mutex<Generations>>,
+    /// Keys per generation of one shard.
+    generation: usize,
+    hits: std::sync::atomic::AtomicU64,
+    misses: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct Generations {
     newer: HashMap<[u8; 32], Option<EdwardsPoint>>,
     older: HashMap<[u8; 32], Option<EdwardsPoint>>,
-    hits: u64,
-    misses: u64,
 }
 
 impl KeyCache {
-    fn get(&mut self, key: &[u8; 32]) -> Option<Option<EdwardsPoint>> {
-        if let Some(v) = self.newer.get(key) {
-            self.hits += 1;
-            return Some(*v);
-        }
-        match self.older.remove(key) {
-            Some(v) => {
-                self.hits += 1;
-                self.insert(*key, v);
-                Some(v)
-            }
-            None => {
-                self.misses += 1;
-                None
-            }
+    fn new(max: usize) -> KeyCache {
+        KeyCache {
+            shards: (0..KEY_CACHE_SHARDS).map(|_| Default::default()).collect(),
+            generation: (max / 2 / KEY_CACHE_SHARDS).max(1),
+            hits: Default::default(),
+            misses: Default::default(),
         }
     }
 
-    fn insert(&mut self, key: [u8; 32], value: Option<EdwardsPoint>) {
-        if self.newer.len() >= crate::limits::KEY_CACHE_MAX / 2 {
+    fn shard(&self, key: &[u8; 32]) -> std::sync::MutexGuard<'_, Generations> {
+        // A panic elsewhere while the lock was held leaves entries that are
+        // each a complete decompression: still good.
+        self.shards[key[0] as usize % KEY_CACHE_SHARDS].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, key: &[u8; 32]) -> Option<Option<EdwardsPoint>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut g = self.shard(key);
+        let found = match g.newer.get(key) {
+            Some(v) => Some(*v),
+            None => g.older.remove(key).inspect(|v| g.insert(*key, *v, self.generation)),
+        };
+        drop(g);
+        match found {
+            Some(_) => self.hits.fetch_add(1, Relaxed),
+            None => self.misses.fetch_add(1, Relaxed),
+        };
+        found
+    }
+
+    fn insert(&self, key: [u8; 32], value: Option<EdwardsPoint>) {
+        self.shard(&key).insert(key, value, self.generation);
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.hits.load(Relaxed), self.misses.load(Relaxed))
+    }
+
+    /// Keys held, in all shards.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map_or(0, |g| g.newer.len() + g.older.len())).sum()
+    }
+}
+
+impl Generations {
+    fn insert(&mut self, key: [u8; 32], value: Option<EdwardsPoint>, generation: usize) {
+        if self.newer.len() >= generation {
             self.older = std::mem::take(&mut self.newer);
         }
         self.newer.insert(key, value);
     }
-}
-
-/// This thread's key cache: hits, misses and the keys it holds.
-#[cfg(test)]
-fn key_cache_stats() -> (u64, u64, usize) {
-    KEYS.with(|c| {
-        let c = c.borrow();
-        (c.hits, c.misses, c.newer.len() + c.older.len())
-    })
 }
 
 /// The items of a batch that pass the per-item tests, decoded, with their
@@ -226,7 +267,7 @@ fn batch_entries<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> (Vec<Entr
     // Per-item tests. Keys are decoded once per distinct key, and the entries
     // are sorted by key so that the signatures of one key form contiguous runs:
     // any sub-range then folds each run into a single multiscalar term.
-    let (key_slots, minus_keys) = decode_keys(items.iter().map(|(pk, _, _)| pk));
+    let (key_slots, minus_keys) = decode_keys(&KEYS, items.iter().map(|(pk, _, _)| pk));
     // The tests on the bytes first; then every `R` that passed them is
     // decompressed in one call (eight at a time where the CPU allows).
     let mut passed: Vec<(usize, usize, Scalar)> = Vec::with_capacity(items.len());
@@ -618,73 +659,78 @@ mod tests {
         }
     }
 
-    /// A key seen in an earlier batch on this thread is not decompressed
+    /// A key seen in an earlier batch, on any thread, is not decompressed
     /// again, one that fails the tests or the curve included, and the
     /// verdicts are the single check's either way; the cache holds at most
-    /// `KEY_CACHE_MAX` keys however many come.
+    /// its bound however many keys come, and still finds the newest.
     #[test]
-    fn keys_are_decompressed_once_per_thread_within_the_bound() {
-        std::thread::spawn(|| {
-            let message = [9u8; 32];
-            let mut items: Vec<([u8; 32], [u8; 32], [u8; 64])> = (0..20u8)
-                .map(|i| {
-                    let seed = [i + 1; 32];
-                    (public_key_from_seed(&seed), message, sign(&seed, &message))
-                })
-                .collect();
-            let off_curve = (0u8..=255)
-                .map(|b| {
-                    let mut k = [0u8; 32];
-                    k[0] = b;
-                    k[1] = 1;
-                    k
-                })
-                .find(|k| passes_encoding_tests(k) && CompressedEdwardsY(*k).decompress().is_none())
-                .expect("a y with no x");
-            let non_canonical = [0xff; 32];
-            let small_order = curve25519_dalek::constants::EIGHT_TORSION[1].compress().to_bytes();
-            let forged = items[0].2;
-            for key in [off_curve, non_canonical, small_order] {
-                items.push((key, message, forged));
-            }
-            items.push((items[3].0, [1; 32], items[3].2)); // a repeated key, a wrong message
-            let distinct = 23;
-            let single: Vec<bool> = items.iter().map(|(k, m, sig)| verify(k, m, sig)).collect();
-            assert_eq!(single.iter().filter(|v| **v).count(), 20);
+    fn keys_are_decompressed_once_within_the_bound() {
+        let message = [9u8; 32];
+        let mut items: Vec<([u8; 32], [u8; 32], [u8; 64])> = (0..20u8)
+            .map(|i| {
+                let seed = [i + 1; 32];
+                (public_key_from_seed(&seed), message, sign(&seed, &message))
+            })
+            .collect();
+        let off_curve = (0u8..=255)
+            .map(|b| {
+                let mut k = [0u8; 32];
+                k[0] = b;
+                k[1] = 1;
+                k
+            })
+            .find(|k| passes_encoding_tests(k) && CompressedEdwardsY(*k).decompress().is_none())
+            .expect("a y with no x");
+        let non_canonical = [0xff; 32];
+        let small_order = curve25519_dalek::constants::EIGHT_TORSION[1].compress().to_bytes();
+        let forged = items[0].2;
+        for key in [off_curve, non_canonical, small_order] {
+            items.push((key, message, forged));
+        }
+        items.push((items[3].0, [1; 32], items[3].2)); // a repeated key, a wrong message
+        let distinct = 23;
+        let single: Vec<bool> = items.iter().map(|(k, m, sig)| verify(k, m, sig)).collect();
+        assert_eq!(single.iter().filter(|v| **v).count(), 20);
 
-            let first = verify_batch(&items);
-            let (hits, misses, held) = key_cache_stats();
-            assert_eq!((hits, misses, held), (0, distinct, distinct as usize), "every key decoded once");
-            let again = verify_batch(&items);
-            let (hits, misses, _) = key_cache_stats();
-            assert_eq!((hits, misses), (distinct, distinct), "no key decoded again");
-            assert_eq!(first, single);
-            assert_eq!(again, single);
+        // The node's cache, through `verify_batch`, on two threads in turn
+        // (other tests may use it at the same time: its counts only grow).
+        let (hits_before, _) = key_cache_counts();
+        let first = std::thread::scope(|s| s.spawn(|| verify_batch(&items)).join().unwrap());
+        let again = std::thread::scope(|s| s.spawn(|| verify_batch(&items)).join().unwrap());
+        assert_eq!(first, single);
+        assert_eq!(again, single);
+        assert!(key_cache_counts().0 >= hits_before + distinct, "the second thread found the first's keys");
 
-            // Many more keys than the bound: the cache holds no more than it.
-            let mut rng_key = [0u8; 32];
-            for chunk in 0..(crate::limits::KEY_CACHE_MAX / 256 + 8) {
-                let keys: Vec<[u8; 32]> = (0..256u32)
-                    .map(|i| {
-                        rng_key[..4].copy_from_slice(&(chunk as u32).to_le_bytes());
-                        rng_key[4..8].copy_from_slice(&i.to_le_bytes());
-                        rng_key
-                    })
-                    .collect();
-                decode_keys(keys.iter());
-            }
-            let (_, _, held) = key_cache_stats();
-            assert!(held <= crate::limits::KEY_CACHE_MAX, "{held} keys held");
-            assert!(held >= crate::limits::KEY_CACHE_MAX / 2);
-            // The newest keys are still found; the first batch's are gone.
-            let (hits, misses, _) = key_cache_stats();
-            decode_keys([rng_key].iter());
-            assert_eq!(key_cache_stats().0, hits + 1);
-            decode_keys([items[0].0].iter());
-            assert_eq!(key_cache_stats().1, misses + 1);
-        })
-        .join()
-        .unwrap();
+        // A cache of its own, counted exactly.
+        let cache = KeyCache::new(1024);
+        let decoded = |cache: &KeyCache| {
+            let (slots, minus_keys) = decode_keys(cache, items.iter().map(|(k, _, _)| k));
+            let valid: Vec<bool> = items.iter().map(|(k, _, _)| slots[k].is_some()).collect();
+            (valid, minus_keys.iter().map(|p| p.compress().to_bytes()).collect::<Vec<_>>())
+        };
+        let fresh = decoded(&cache);
+        assert_eq!(cache.counts(), (0, distinct), "every key decoded once");
+        assert_eq!(cache.held(), distinct as usize);
+        assert_eq!(decoded(&cache), fresh, "the cache's keys are the ones decoded");
+        assert_eq!(cache.counts(), (distinct, distinct), "no key decoded again");
+        assert_eq!(fresh.0.iter().filter(|v| **v).count(), 21, "only the three bad keys' items fail");
+
+        // Many more keys than the bound, spread over the shards: the cache
+        // holds no more than it, and the newest keys are still found while
+        // the first batch's are gone.
+        let mut key = [0u8; 32];
+        for i in 0..8 * 1024u32 {
+            key[..4].copy_from_slice(&i.to_le_bytes());
+            decode_keys(&cache, [key].iter());
+        }
+        let held = cache.held();
+        assert!(held <= 1024, "{held} keys held");
+        assert!(held >= 1024 / 2, "{held} keys held");
+        let (hits, misses) = cache.counts();
+        decode_keys(&cache, [key].iter());
+        assert_eq!(cache.counts(), (hits + 1, misses));
+        decode_keys(&cache, [items[0].0].iter());
+        assert_eq!(cache.counts(), (hits + 1, misses + 1));
     }
 
     /// The combined check of a batch holds at once for honest signatures

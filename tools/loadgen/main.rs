@@ -773,8 +773,8 @@ fn batch_rates(nkeys: usize, seconds: f64) -> serde_json::Value {
         v.verify(rand::thread_rng()).unwrap();
         n
     });
-    // The same batch again and again: its keys come from the verifying
-    // thread's key cache after the first (as a group's authors' keys do in
+    // The same batch again and again: its keys come from the node's key
+    // cache after the first (as a group's authors' keys do in
     // the node), so it is named for it.
     let items: Vec<([u8; 32], [u8; 32], [u8; 64])> = (0..n).map(|i| (vks[i].to_bytes(), msgs[i], sigs[i].to_bytes())).collect();
     let own = rate(&mut || {
