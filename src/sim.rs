@@ -520,9 +520,9 @@ impl Sim {
                 merge_share: 0.3,
                 events_per_op: 1,
                 keys_per_entity: 6,
-                rotate_at: self.cfg.rotate.then(|| data_ops / 2),
+                rotate_at: self.cfg.rotate.then_some(data_ops / 2),
                 chain: false,
-                remove_writer_at: (self.cfg.remove_writer && self.cfg.writers > 1).then(|| data_ops / 3),
+                remove_writer_at: (self.cfg.remove_writer && self.cfg.writers > 1).then_some(data_ops / 3),
                 view_lag: None,
             };
             let w = generate_for(&wcfg, first.public_key, first.kem_public, &readers);

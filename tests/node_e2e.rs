@@ -64,7 +64,7 @@ fn vectors_over_quic() {
         for e in scn["expect"]["scopes"].as_array().unwrap() {
             let want = expected_report(e);
             let scope = want.scope;
-            let status_expected = want.applied.iter().any(|a| *a == scope);
+            let status_expected = want.applied.contains(&scope);
             let ok = wait_until(Duration::from_secs(15), || match n.scope(&scope) {
                 None => !status_expected,
                 Some(got) => {

@@ -101,9 +101,9 @@ async fn add_member(State(state): State<Arc<ApiState>>, Path(scope): Path<String
     accepting(&state)?;
     let scope = known_scope(&state, &scope)?;
     let obj = object(&body, "the body")?;
-    let member = parse_id("public_key", &string(&obj, "public_key")?)?;
-    let kem = parse_id("kem_public_key", &string(&obj, "kem_public_key")?)?;
-    let role = role(&obj)?;
+    let member = parse_id("public_key", &string(obj, "public_key")?)?;
+    let kem = parse_id("kem_public_key", &string(obj, "kem_public_key")?)?;
+    let role = role(obj)?;
     let w = state.node.author.spawn(move |a| a.add_member(scope, member, kem, role)).await?;
     Ok(op_answer(StatusCode::CREATED, &w))
 }
@@ -168,10 +168,10 @@ fn action(v: &Value) -> Result<Action, ApiError> {
         return Err(ApiError::bad_request("an action is one of {\"put\": …}, {\"delete\": …}, {\"add\": …}"));
     };
     let body = object(body, &format!("`{verb}`"))?;
-    let entity = string(&body, "entity")?;
-    let key = bytes_field(&body, "key")?;
+    let entity = string(body, "entity")?;
+    let key = bytes_field(body, "key")?;
     match verb.as_str() {
-        "put" => Ok(Action::Put { entity, key, value: bytes_field(&body, "value")? }),
+        "put" => Ok(Action::Put { entity, key, value: bytes_field(body, "value")? }),
         "delete" => Ok(Action::Delete { entity, key }),
         "add" => {
             let amount = body.get("amount").and_then(Value::as_i64).ok_or_else(|| ApiError::bad_request("`amount` is an integer (i64)"))?;
@@ -184,5 +184,5 @@ fn action(v: &Value) -> Result<Action, ApiError> {
 /// `{"kind", "data"|"data_hex"}`.
 fn event(v: &Value) -> Result<Event, ApiError> {
     let obj = object(v, "an event")?;
-    Ok(Event { kind: string(&obj, "kind")?, data: bytes_field(&obj, "data")? })
+    Ok(Event { kind: string(obj, "kind")?, data: bytes_field(obj, "data")? })
 }

@@ -706,10 +706,8 @@ impl Engine {
             BufKind::DataKeyWait => return,
         };
         self.forget_record(cf, id);
-        if b.in_ops && !applied {
-            if self.forget_record(Cf::Ops, id) && self.cold.is_some() {
-                self.ops_deleted.insert(*id, self.commit_number);
-            }
+        if b.in_ops && !applied && self.forget_record(Cf::Ops, id) && self.cold.is_some() {
+            self.ops_deleted.insert(*id, self.commit_number);
         }
     }
 

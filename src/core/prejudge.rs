@@ -28,11 +28,8 @@ pub enum PreAuth {
 }
 
 pub fn authorize_at(g: &GovState, op: &Op) -> PreAuth {
-    let authorized = match (op.plane, g.role(&op.author)) {
-        (PLANE_GOVERNANCE, Some(Role::Admin)) => true,
-        (PLANE_DATA, Some(Role::Writer | Role::Admin)) => true,
-        _ => false,
-    };
+    let authorized =
+        matches!((op.plane, g.role(&op.author)), (PLANE_GOVERNANCE, Some(Role::Admin)) | (PLANE_DATA, Some(Role::Writer | Role::Admin)));
     if !authorized {
         PreAuth::Unauthorized
     } else if g.current_key() != Some(&op.key_id) {

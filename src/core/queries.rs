@@ -60,7 +60,7 @@ impl Engine {
                 match self.governance_at(&heads) {
                     Some(g) => {
                         let mut members: Vec<(PublicKey, Role)> = g.members.iter().map(|(k, r)| (*k, *r)).collect();
-                        members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                        members.sort_unstable_by_key(|m| m.0);
                         let members: std::sync::Arc<[(PublicKey, Role)]> = members.into();
                         self.scopes[i as usize].members_at_heads = Some(members.clone());
                         members
@@ -192,9 +192,7 @@ impl Engine {
     /// `G(cut)` when every id of `cut` is an applied governance op.
     pub fn governance_at(&mut self, cut: &[Hash]) -> Option<Arc<GovState>> {
         for c in cut {
-            if self.gov.get(c).is_none() {
-                return None;
-            }
+            self.gov.get(c)?;
         }
         let mut cut = cut.to_vec();
         cut.sort();

@@ -1159,7 +1159,7 @@ mod tests {
                 3 => p[..4].copy_from_slice(&base[..4]),
                 _ => {
                     p = *base;
-                    let bit = if next() % 2 == 0 { 248 + next() % 8 } else { next() % 256 };
+                    let bit = if next().is_multiple_of(2) { 248 + next() % 8 } else { next() % 256 };
                     p[(bit / 8) as usize] ^= 0x80 >> (bit % 8);
                 }
             }

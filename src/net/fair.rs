@@ -99,8 +99,8 @@ impl std::fmt::Debug for OriginTurns {
 pub const TURN_ITEMS_MIN: usize = 2;
 
 /// What a host's ops came to, recently: the share of them applied (or
-/// waiting for their key), as a moving average over commits, starting at
-/// 1. Its turn in the server's fair ingest shrinks with it, so that under
+/// waiting for their key), as a moving average over commits, starting
+/// at 1. Its turn in the server's fair ingest shrinks with it, so that under
 /// contention a host whose ops are pending for ever, evicted, dropped or
 /// duplicates gets less of the node than one whose ops apply. It only
 /// matters when several hosts have work waiting: a host alone keeps the

@@ -213,7 +213,7 @@ fn prefix(content: &[u8]) -> Result<[u8; 4], FrameWriteError> {
 /// copied into one buffer, so that the stream's lock is taken, and the
 /// connection woken, once for all of them (a gossip burst: one op per
 /// frame). Nothing is written when one of them is oversize.
-pub async fn write_frames<'a>(send: &mut SendStream, contents: &[&'a [u8]]) -> Result<(), FrameWriteError> {
+pub async fn write_frames(send: &mut SendStream, contents: &[&[u8]]) -> Result<(), FrameWriteError> {
     let prefixes = contents.iter().map(|c| prefix(c)).collect::<Result<Vec<_>, _>>()?;
     let mut buf = Vec::with_capacity(contents.iter().map(|c| 4 + c.len()).sum());
     for (p, c) in prefixes.iter().zip(contents) {

@@ -157,11 +157,10 @@ pub(super) fn run(
                     gauge!("dagfold_cold_filter_partial").set(0.0);
                 }
                 // As a failed read of the cold index: the node stops.
-                Some(Err(e)) => {
-                    if shared.refuse("store read", &e) {
-                        counter!("dagfold_store_read_failures_total").increment(1);
-                    }
+                Some(Err(e)) if shared.refuse("store read", &e) => {
+                    counter!("dagfold_store_read_failures_total").increment(1);
                 }
+                Some(Err(_)) => {}
                 None => {}
             }
         }

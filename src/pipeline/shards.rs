@@ -150,7 +150,7 @@ impl Join {
             commit.writes.extend(part.writes);
             statuses.extend(part_statuses);
         }
-        statuses.sort_unstable_by(|a, b| a.scope.cmp(&b.scope));
+        statuses.sort_unstable_by_key(|s| s.scope);
         Some((commit, statuses, conns, received))
     }
 

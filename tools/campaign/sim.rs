@@ -49,7 +49,7 @@ pub fn run(a: &SimArgs) -> serde_json::Value {
                     }
                 }
                 let n = done.fetch_add(1, Ordering::SeqCst) + 1;
-                if n % 500 == 0 {
+                if n.is_multiple_of(500) {
                     eprintln!("dagfold-campaign: sim: {n} of {} seeds, {:.1} s", a.seeds, started.elapsed().as_secs_f64());
                 }
             });

@@ -411,7 +411,7 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     if scopes > 1 && (a.reverse || a.shuffle_window > 1 || a.invalid > 0.0) {
         return Err(anyhow!("--reverse, --shuffle-window and --invalid take one scope"));
     }
-    if a.ops % scopes != 0 {
+    if !a.ops.is_multiple_of(scopes) {
         return Err(anyhow!("--ops {} is not a multiple of --scopes {scopes}", a.ops));
     }
     if a.view_lag.is_none() && !a.chain && !(1..=32).contains(&a.writers) {

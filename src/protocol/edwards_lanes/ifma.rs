@@ -133,7 +133,7 @@ fn basepoint_table() -> &'static [[Niels; 8]; 32] {
                 encodings.push(multiple.compress().to_bytes());
                 multiple += base;
             }
-            base = base * Scalar::from(256u16);
+            base *= Scalar::from(256u16);
         }
         let mut table = Box::new([[[[0u64; 5]; 3]; 8]; 32]);
         for (group, chunk) in encodings.chunks(8).enumerate() {
