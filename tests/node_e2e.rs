@@ -383,6 +383,11 @@ fn load_generator_short_run() {
     assert_eq!(report["root_ok"], true);
     assert_eq!(report["ops"], 3000);
     assert!(report["ops_per_s"].as_f64().unwrap() > 0.0);
+    // Where the node's CPU went, by thread: the node's own threads, each
+    // with some CPU (`tools/bench` prints it under each workload).
+    let threads = report["node_thread_cpu_us_per_op"].as_object().expect("CPU per op by thread");
+    assert!(!threads.is_empty(), "{report}");
+    assert!(threads.values().all(|v| v.as_f64().unwrap() > 0.0), "{report}");
     // The invalid ops were dropped and counted, never applied.
     assert!(n.metric("dagfold_engine_bad_signature_total") > 0.0);
     assert!(n.metric("dagfold_engine_dropped_total") > 0.0);

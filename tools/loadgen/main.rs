@@ -357,6 +357,39 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     Some(ticks / 100.0)
 }
 
+/// utime + stime of each thread of a process, in seconds, summed by thread
+/// name (the kernel's `comm`, cut at 15 bytes: `dagfold-verifie` for every
+/// verifier). A thread that ends between two readings drops out of the
+/// second.
+fn thread_cpu_seconds(pid: u32) -> Option<std::collections::BTreeMap<String, f64>> {
+    let mut out = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some((head, after))) = (stat.find('('), stat.rsplit_once(')')) else { continue };
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+        let (Some(user), Some(system)) = (ticks(11), ticks(12)) else { continue };
+        *out.entry(head[open + 1..].to_string()).or_insert(0.0) += (user + system) / 100.0;
+    }
+    Some(out)
+}
+
+/// µs of CPU per op of each thread name between two `thread_cpu_seconds`.
+fn thread_cpu_per_op(
+    t0: &Option<std::collections::BTreeMap<String, f64>>,
+    t1: Option<std::collections::BTreeMap<String, f64>>,
+    ops: u64,
+) -> Option<serde_json::Value> {
+    let (t0, t1) = (t0.as_ref()?, t1?);
+    let per_op: serde_json::Map<String, serde_json::Value> = t1
+        .into_iter()
+        .map(|(name, s)| (s - t0.get(&name).copied().unwrap_or(0.0), name))
+        .filter(|(d, _)| *d > 0.0)
+        .map(|(d, name)| (name, serde_json::json!((d * 1e6 / ops.max(1) as f64 * 100.0).round() / 100.0)))
+        .collect();
+    Some(serde_json::Value::Object(per_op))
+}
+
 fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     s.lines().find(|l| l.starts_with(field))?.split_whitespace().nth(1)?.parse().ok()
@@ -505,6 +538,7 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
 
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let cpu0 = a.node_pid.and_then(cpu_seconds);
+    let threads0 = a.node_pid.and_then(thread_cpu_seconds);
     let own_cpu0 = cpu_seconds(std::process::id());
     let lanes = a.connections.max(1) * a.streams.max(1);
     let sent = Arc::new(AtomicU64::new(0));
@@ -660,6 +694,8 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     // Cores used over the timed phase, from CPU seconds before and after.
     let cores = |c0: Option<f64>, c1: Option<f64>| Some((c1? - c0?) / elapsed.as_secs_f64());
     let cpu = cores(cpu0, a.node_pid.and_then(cpu_seconds));
+    // Where the node's CPU went over the timed phase, by thread (its stages).
+    let thread_cpu = thread_cpu_per_op(&threads0, a.node_pid.and_then(thread_cpu_seconds), counted);
     // The sender shares the machine with the node: what it takes of it.
     let own_cpu = cores(own_cpu0, cpu_seconds(std::process::id()));
     let disk = a.data_dir.as_deref().map(dagfold::store::dir_bytes);
@@ -682,6 +718,7 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         "p99_ms": pct(0.99),
         "root_ok": root_ok,
         "node_cpu_cores": cpu,
+        "node_thread_cpu_us_per_op": thread_cpu,
         "loadgen_cpu_cores": own_cpu,
         "peak_rss_bytes": a.node_pid.and_then(|p| proc_status_kb(p, "VmHWM:")).map(|k| k * 1024).or(Some(peak_rss_kb * 1024)),
         "rss_second_half_max_over_min": rss_tail_flat,
