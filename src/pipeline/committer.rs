@@ -1,6 +1,7 @@
 //! The committer: writes each commit as one atomic store batch (the WAL
-//! synced in durable mode), then publishes its statuses and hands it to the
-//! node's side effects, which may only follow durability.
+//! synced in durable mode), then hands it to the publisher, a thread of its
+//! own, which publishes its statuses, answers its API writes and hands it
+//! to the node's side effects, which may only follow durability.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,8 +35,31 @@ const COMMITS_PER_WRITE_MAX: usize = 16;
 /// not worth doing per commit.
 const TABLE_BYTES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Groups of written commits queued for the publisher at most: the
+/// committer writes the next while the publisher works through these, and
+/// waits when it is this far ahead.
+const PUBLISH_QUEUE: usize = 4;
+
+/// What the committer hands the publisher, in order.
+enum Written {
+    /// Commits written (and synced, when syncing): published in order.
+    Commits(Vec<ToCommit>),
+    /// The store refused a write: the answers still waiting are for
+    /// commits that will never be written. Cleared after every commit
+    /// written before the refusal was published (and its writes answered).
+    Refused,
+}
+
 /// Writes each commit whose parts `parts` joined, in commit order, those
-/// queued together (`COMMITS_PER_WRITE_MAX`).
+/// queued together (`COMMITS_PER_WRITE_MAX`); a thread of its own (the
+/// publisher, `dagfold-publish`) publishes them, in the same order.
+///
+/// The publication (statuses into the shared map, API answers, the
+/// commit's writes freed, its events and gossip handed to the node) was
+/// 14% of the committer's thread in `causal` and 20% in `scopes_10k`
+/// (`perf record`, 2026-12-05): off the thread that writes, which is one
+/// for all scopes and caps a many-core node (ARCHITECTURE.md, "Scaling
+/// with cores").
 pub(super) fn run<S: Store>(
     mut store: S,
     parts: Join,
@@ -44,12 +68,38 @@ pub(super) fn run<S: Store>(
     applied_bytes: bool,
     mut on_durable: Box<dyn FnMut(Committed) + Send>,
 ) {
+    let (to_publish, written) = crossbeam_channel::bounded::<Written>(PUBLISH_QUEUE);
+    let sh = shared.clone();
+    let publisher = std::thread::Builder::new()
+        .name("dagfold-publish".into())
+        .spawn(move || {
+            for w in written {
+                match w {
+                    Written::Commits(commits) => {
+                        for c in commits {
+                            published(c, &sh, applied_bytes, &mut on_durable);
+                        }
+                    }
+                    Written::Refused => sh.answers.lock().unwrap().clear(),
+                }
+            }
+        })
+        .expect("spawning the publisher");
+    write_all(&mut store, parts, &shared, sync, &to_publish);
+    drop(to_publish);
+    // Every commit written is published before the committer is done.
+    let _ = publisher.join();
+}
+
+/// The committer's loop (`run`): each group of commits written, then
+/// queued for the publisher.
+fn write_all<S: Store>(store: &mut S, parts: Join, shared: &PipelineState, sync: bool, to_publish: &crossbeam_channel::Sender<Written>) {
     let mut group: Vec<ToCommit> = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
     let mut sized: Option<Instant> = None;
     while let Some(first) = parts.recv() {
         if sized.is_none_or(|t| t.elapsed() >= TABLE_BYTES_INTERVAL) {
             sized = Some(Instant::now());
-            publish_table_bytes(&store);
+            publish_table_bytes(store);
         }
         group.push(first);
         while group.len() < COMMITS_PER_WRITE_MAX {
@@ -59,33 +109,37 @@ pub(super) fn run<S: Store>(
             }
         }
         if shared.refusing.load(Ordering::Relaxed) {
-            never_written(&mut group, &shared);
+            never_written(&mut group, to_publish);
             continue;
         }
         let t = Instant::now();
         for (_, _, _, received) in &group {
             note_age("commit", *received);
         }
-        if let Err(e) = write_group(&mut store, &mut group, sync) {
+        if let Err(e) = write_group(store, &mut group, sync) {
             counter!("dagfold_store_write_failures_total").increment(1);
             let _ = shared.refuse("store write", &e);
-            never_written(&mut group, &shared);
+            never_written(&mut group, to_publish);
             continue;
         }
         histogram!("dagfold_commit_seconds").record(t.elapsed().as_secs_f64());
         histogram!("dagfold_commits_per_write").record(group.len() as f64);
-        for c in group.drain(..) {
-            published(c, &shared, applied_bytes, &mut on_durable);
+        // The orderer may now answer for these commits' ops from the store.
+        let last = group.last().expect("a group holds a commit").0.number;
+        shared.durable_commits.store(last + 1, Ordering::Release);
+        let next = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
+        if to_publish.send(Written::Commits(std::mem::replace(&mut group, next))).is_err() {
+            return;
         }
     }
 }
 
 /// Commits that will never be written (the store refuses): dropped, and
-/// the answers waiting on them with them, so their writers hear the store
-/// refuses.
-fn never_written(group: &mut Vec<ToCommit>, shared: &PipelineState) {
+/// (by the publisher, after those written before) the answers waiting on
+/// them with them, so their writers hear the store refuses.
+fn never_written(group: &mut Vec<ToCommit>, to_publish: &crossbeam_channel::Sender<Written>) {
     group.clear();
-    shared.answers.lock().unwrap().clear();
+    let _ = to_publish.send(Written::Refused);
 }
 
 /// The bytes of each table's files and memtables, as gauges.
@@ -124,8 +178,6 @@ fn write_group<S: Store>(store: &mut S, group: &mut [ToCommit], sync: bool) -> R
 /// handed to the node.
 fn published(c: ToCommit, shared: &PipelineState, applied_bytes: bool, on_durable: &mut Box<dyn FnMut(Committed) + Send>) {
     let (mut commit, statuses, conns, received) = c;
-    // The orderer may now answer for its ops from the store.
-    shared.durable_commits.store(commit.number + 1, Ordering::Release);
     histogram!("dagfold_commit_writes").record(commit.writes.len() as f64);
     histogram!("dagfold_commit_applied_ops").record(commit.applied.len() as f64);
     histogram!("dagfold_end_to_end_seconds").record(received.elapsed().as_secs_f64());
@@ -213,6 +265,131 @@ mod tests {
         fn op_ids_with_prefix(&self, prefix: &[u8], max: usize) -> Result<Vec<crate::protocol::Hash>, crate::store::StoreError> {
             self.0.op_ids_with_prefix(prefix, max)
         }
+    }
+
+    /// A store that lists the commits it wrote (by the first byte of each
+    /// write's key) and fails its `fail_at`-th write.
+    struct Listing(Arc<std::sync::Mutex<Vec<u8>>>, usize);
+
+    impl crate::core::TableScan for Listing {
+        fn scan(&self, _: Cf, _: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), crate::core::ScanFailed> {
+            Ok(())
+        }
+    }
+
+    impl Store for Listing {
+        fn write(&mut self, writes: &[Write], _: bool) -> Result<(), crate::store::StoreError> {
+            let mut written = self.0.lock().unwrap();
+            if written.len() + 1 == self.1 {
+                return Err(crate::store::StoreError::Injected("write"));
+            }
+            written.extend(writes.iter().map(|w| match w {
+                Write::Put(_, k, _) | Write::Delete(_, k) => k[0],
+            }));
+            Ok(())
+        }
+        fn get(&self, _: Cf, _: &[u8]) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
+            Ok(None)
+        }
+        fn op_ids_with_prefix(&self, _: &[u8], _: usize) -> Result<Vec<crate::protocol::Hash>, crate::store::StoreError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// Commit `number`, one write and one applied op (`[number; 32]`).
+    fn numbered(number: u8) -> ToCommit {
+        let mut c = commit(number as u64, vec![Write::Put(Cf::Meta, vec![number], vec![])]);
+        c.0.applied = vec![([number; 32], [0; 32])];
+        c.2 = vec![0];
+        c
+    }
+
+    /// The committer running on a thread of its own with `store`, fed by
+    /// the returned sender; each commit's side effects wait for a token
+    /// from the returned receiver's twin and then report the commit's
+    /// number.
+    #[allow(clippy::type_complexity)]
+    fn committer(
+        store: Listing,
+    ) -> (
+        crossbeam_channel::Sender<ToCommit>,
+        std::sync::mpsc::SyncSender<()>,
+        std::sync::mpsc::Receiver<u8>,
+        Arc<PipelineState>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (_, mut io, join) = super::super::shards::channels(1);
+        let tx = io.pop().unwrap().tx;
+        let (go, wait) = std::sync::mpsc::sync_channel::<()>(16);
+        let (report, reported) = std::sync::mpsc::channel::<u8>();
+        let (direct, _) = crossbeam_channel::bounded(1);
+        let shared = Arc::new(PipelineState::new(0, Default::default(), Arc::new(super::super::verified::VerifiedCache::new(16)), direct));
+        let sh = shared.clone();
+        let on_durable: Box<dyn FnMut(Committed) + Send> = Box::new(move |c: Committed| {
+            wait.recv().unwrap();
+            report.send(c.applied[0].0[0]).unwrap();
+        });
+        let t = std::thread::spawn(move || run(store, join, sh, true, true, on_durable));
+        (tx, go, reported, shared, t)
+    }
+
+    fn wait_until(what: &str, f: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !f() {
+            assert!(start.elapsed() < std::time::Duration::from_secs(20), "waited for {what}");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// The committer writes the next commit while the side effects of the
+    /// one before it still run (on the publisher's thread); the commits
+    /// are published in order, and all of them before the committer ends.
+    #[test]
+    fn a_commit_is_written_while_the_one_before_is_published() {
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, go, reported, shared, t) = committer(Listing(written.clone(), usize::MAX));
+        tx.send(numbered(0)).unwrap();
+        wait_until("commit 0 written", || written.lock().unwrap().len() == 1);
+        // Commit 0's side effects wait for a token: commit 1 is written
+        // meanwhile, and the orderer told both are durable.
+        tx.send(numbered(1)).unwrap();
+        wait_until("commit 1 written while commit 0 is published", || written.lock().unwrap().len() == 2);
+        assert_eq!(shared.durable_commits.load(Ordering::Acquire), 2);
+        assert!(reported.try_recv().is_err(), "commit 0's side effects still wait");
+        tx.send(numbered(2)).unwrap();
+        drop(tx);
+        for _ in 0..3 {
+            go.send(()).unwrap();
+        }
+        t.join().unwrap();
+        assert_eq!(reported.try_iter().collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(*written.lock().unwrap(), [0, 1, 2]);
+        assert_eq!(*shared.durable.borrow(), 3);
+    }
+
+    /// A write that fails after a commit was written but not yet
+    /// published: that commit's API writes are still answered (it is
+    /// durable), the next one's hear that it never will be.
+    #[test]
+    fn a_refusal_answers_the_commits_written_before_it() {
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, go, reported, shared, t) = committer(Listing(written.clone(), 2));
+        let authored = |commit: u64| super::super::Authored { id: [0; 32], root: None, outcome: crate::core::Outcome::Applied, commit, event_seq: 0 };
+        let (reply0, mut answer0) = tokio::sync::oneshot::channel();
+        let (reply1, mut answer1) = tokio::sync::oneshot::channel();
+        shared.answers.lock().unwrap().extend([(0, vec![(reply0, authored(0))]), (1, vec![(reply1, authored(1))])]);
+        tx.send(numbered(0)).unwrap();
+        wait_until("commit 0 written", || written.lock().unwrap().len() == 1);
+        tx.send(numbered(1)).unwrap();
+        wait_until("commit 1's write refused", || shared.refusing.load(Ordering::Acquire));
+        go.send(()).unwrap();
+        drop(tx);
+        t.join().unwrap();
+        assert_eq!(reported.try_iter().collect::<Vec<_>>(), [0], "only the written commit is published");
+        assert_eq!(answer0.try_recv().unwrap().unwrap().commit, 0, "the durable commit's write is answered");
+        let never = answer1.try_recv();
+        assert!(matches!(never, Err(tokio::sync::oneshot::error::TryRecvError::Closed)), "the refused commit's write hears it never will be");
+        assert!(shared.answers.lock().unwrap().is_empty());
     }
 
     fn commit(number: u64, writes: Vec<Write>) -> ToCommit {

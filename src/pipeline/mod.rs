@@ -436,6 +436,34 @@ where
 }
 
 impl PipelineState {
+    /// The state of a pipeline about to start: no status published yet,
+    /// nothing buffered, no commit written.
+    fn new(
+        applied_total: u64,
+        governance: Arc<RwLock<Governance>>,
+        verified: Arc<verified::VerifiedCache>,
+        direct: crossbeam_channel::Sender<Work>,
+    ) -> PipelineState {
+        PipelineState {
+            status: RwLock::new(BTreeMap::new()),
+            refusing: AtomicBool::new(false),
+            refusing_reason: Mutex::new(None),
+            applied_total: AtomicU64::new(applied_total),
+            buffered_ops: AtomicU64::new(0),
+            buffered_bytes: AtomicU64::new(0),
+            wanted: Mutex::new(crate::peering::Wanted::default()),
+            lacking: Mutex::new(Default::default()),
+            divergences_heartbeat: Arc::new(AtomicU64::new(0)),
+            durable_commits: AtomicU64::new(0),
+            durable: tokio::sync::watch::Sender::new(0),
+            direct,
+            answers: Default::default(),
+            governance,
+            verified,
+            cold_filter: Mutex::new(None),
+        }
+    }
+
     /// After a failed store write (the committer) or read (the orderer's
     /// engine, `Engine::cold_failed`): the node accepts nothing more until
     /// restarted, and says why (redb's rule, `store`). Whether this call
@@ -486,24 +514,7 @@ impl Pipeline {
         }
         let (direct_tx, direct_rx) = bounded::<Work>(DIRECT_QUEUE_ITEMS);
         let verified = Arc::new(verified::VerifiedCache::new(verified::VERIFIED_SLOTS));
-        let shared = Arc::new(PipelineState {
-            status: RwLock::new(BTreeMap::new()),
-            refusing: AtomicBool::new(false),
-            refusing_reason: Mutex::new(None),
-            applied_total: AtomicU64::new(engine.applied_total()),
-            buffered_ops: AtomicU64::new(0),
-            buffered_bytes: AtomicU64::new(0),
-            wanted: Mutex::new(crate::peering::Wanted::default()),
-            lacking: Mutex::new(Default::default()),
-            divergences_heartbeat: Arc::new(AtomicU64::new(0)),
-            durable_commits: AtomicU64::new(0),
-            durable: tokio::sync::watch::Sender::new(0),
-            direct: direct_tx,
-            answers: Default::default(),
-            governance: gov_replica.clone(),
-            verified: verified.clone(),
-            cold_filter: Mutex::new(None),
-        });
+        let shared = Arc::new(PipelineState::new(engine.applied_total(), gov_replica.clone(), verified.clone(), direct_tx));
         {
             let mut st = shared.status.write().unwrap();
             for id in engine.scope_ids() {
