@@ -58,8 +58,8 @@ enum Written {
 /// commit's writes freed, its events and gossip handed to the node) was
 /// 14% of the committer's thread in `causal` and 20% in `scopes_10k`
 /// (`perf record`, 2026-12-05): off the thread that writes, which is one
-/// for all scopes and caps a many-core node (ARCHITECTURE.md, "Scaling
-/// with cores").
+/// for all scopes and caps a many-core node (ARCHITECTURE.md, "Cost per
+/// stage, and what more cores would give").
 pub(super) fn run<S: Store>(
     mut store: S,
     parts: Join,
@@ -268,7 +268,8 @@ mod tests {
     }
 
     /// A store that lists the commits it wrote (by the first byte of each
-    /// write's key) and fails its `fail_at`-th write.
+    /// write's key) and fails the write its second field names, counted
+    /// from 1 (`usize::MAX`: none).
     struct Listing(Arc<std::sync::Mutex<Vec<u8>>>, usize);
 
     impl crate::core::TableScan for Listing {
