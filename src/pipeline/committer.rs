@@ -87,8 +87,12 @@ pub(super) fn run<S: Store>(
         .expect("spawning the publisher");
     write_all(&mut store, parts, &shared, sync, &to_publish);
     drop(to_publish);
-    // Every commit written is published before the committer is done.
-    let _ = publisher.join();
+    // Every commit written is published before the committer is done; a
+    // panic there (the node's side effects) ends the committer as it did
+    // when they ran on its thread.
+    if let Err(p) = publisher.join() {
+        std::panic::resume_unwind(p);
+    }
 }
 
 /// The committer's loop (`run`): each group of commits written, then
