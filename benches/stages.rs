@@ -230,6 +230,69 @@ fn engine_on_rocksdb(c: &mut Criterion) {
     g.finish();
 }
 
+/// The commit stage alone (`pipeline::commit_stage`: the committer and its
+/// publisher, as the node runs them) over the commits the engine makes of
+/// 100,000 causal data ops (4 writers, one scope) in groups of 1,024
+/// frames, each with its scope's status, written to RocksDB with the WAL
+/// synced: the committer's own rate, the cap one committer thread puts on
+/// a node however many cores it has (ARCHITECTURE.md, "Cost per stage").
+fn commit_stage(c: &mut Criterion) {
+    type Made = (Vec<Write>, Vec<(Hash, Hash)>, Vec<dagfold::core::EventOut>, u64, Vec<dagfold::core::ScopeStatus>);
+    let made = std::cell::OnceCell::new();
+    let mut g = c.benchmark_group("commit stage");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(30));
+    g.throughput(Throughput::Elements(100_000));
+    for sync in [true, false] {
+    let name = if sync { "causal, commits of 1,024 frames, WAL synced" } else { "causal, commits of 1,024 frames, not synced" };
+    g.bench_function(name, |b| {
+        let commits: &Vec<Made> = made.get_or_init(|| {
+            let w = workload(100_000, false);
+            let mut engine = Engine::new(Config::default(), node());
+            let mut out = Vec::new();
+            for chunk in w.messages.chunks(1024) {
+                for m in chunk {
+                    match decode_frame(&m.frame).unwrap() {
+                        Decoded::Op { id, op, bytes } => {
+                            engine.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, true, 0);
+                        }
+                        Decoded::Key(kd) => {
+                            engine.handle_key(&kd, 0);
+                        }
+                    }
+                }
+                let commit = engine.take_commit().unwrap();
+                let statuses = engine.status(&w.scope).into_iter().collect();
+                out.push((commit.writes, commit.applied, commit.events, commit.number, statuses));
+            }
+            assert_eq!(engine.scope_root(&w.scope), Some(w.final_root));
+            out
+        });
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let dir = tempfile::tempdir().unwrap();
+                let store = RocksStore::open(dir.path()).unwrap();
+                let input: Vec<(Commit, Vec<dagfold::core::ScopeStatus>)> = commits
+                    .iter()
+                    .map(|(writes, applied, events, number, statuses)| {
+                        let commit =
+                            Commit { writes: writes.clone(), applied: applied.clone(), events: events.clone(), number: *number, ..Default::default() };
+                        (commit, statuses.clone())
+                    })
+                    .collect();
+                let t = Instant::now();
+                let handed = dagfold::pipeline::commit_stage(store, input, sync);
+                total += t.elapsed();
+                assert!(handed >= 100_000, "{handed} ops published");
+            }
+            total
+        })
+    });
+    }
+    g.finish();
+}
+
 /// Scopes and data ops per scope of the fold shards' workload: many
 /// scopes, each with a history of its own, as a server holds them.
 const SHARDED_SCOPES: u64 = 128;
@@ -370,6 +433,6 @@ fn sharded_workload() -> Sharded {
     Sharded { frames, commits }
 }
 
-criterion_group!(benches, stages, engine_on_rocksdb);
+criterion_group!(benches, stages, engine_on_rocksdb, commit_stage);
 criterion_group!(sharded, fold_shards);
 criterion_main!(benches, sharded);

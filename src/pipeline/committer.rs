@@ -243,6 +243,40 @@ fn answer_own_ops(shared: &PipelineState, number: u64) {
     }
 }
 
+/// The commit stage alone, as the pipeline runs it: `commits` handed to
+/// the committer through the join (one shard), written to `store` (the
+/// WAL synced if `sync`), and published by the publisher; returns the ops
+/// the publisher handed on once every commit is published. For the stage
+/// benchmark (`benches/stages.rs`, "commit stage"): the committer's own
+/// rate, the cap it puts on a node of many cores.
+#[cfg(feature = "testkit")]
+pub fn commit_stage<S: Store>(store: S, commits: Vec<(Commit, Vec<ScopeStatus>)>, sync: bool) -> u64 {
+    let (_, mut io, join) = super::shards::channels(1);
+    let tx = io.pop().expect("one shard").tx;
+    let (direct, _) = crossbeam_channel::bounded(1);
+    let shared = Arc::new(PipelineState::new(0, Default::default(), Arc::new(super::verified::VerifiedCache::new(16)), direct));
+    let handed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let h = handed.clone();
+    let on_durable: Box<dyn FnMut(Committed) + Send> = Box::new(move |c: Committed| {
+        h.fetch_add(c.applied.len() as u64, Ordering::Relaxed);
+    });
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("dagfold-commits".into())
+            .spawn_scoped(s, move || {
+                for (commit, statuses) in commits {
+                    let conns = vec![0; commit.applied.len()];
+                    if tx.send((commit, statuses, conns, Instant::now())).is_err() {
+                        return;
+                    }
+                }
+            })
+            .expect("spawning the commit stage's feeder");
+        run(store, join, shared, sync, true, on_durable);
+    });
+    handed.load(Ordering::Relaxed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,6 +429,17 @@ mod tests {
         let never = answer1.try_recv();
         assert!(matches!(never, Err(tokio::sync::oneshot::error::TryRecvError::Closed)), "the refused commit's write hears it never will be");
         assert!(shared.answers.lock().unwrap().is_empty());
+    }
+
+    /// The stage alone (for its benchmark) writes every commit in order
+    /// and publishes every applied op.
+    #[cfg(feature = "testkit")]
+    #[test]
+    fn the_commit_stage_alone_writes_and_publishes_every_commit() {
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let commits: Vec<(Commit, Vec<ScopeStatus>)> = (0..5u8).map(|n| (numbered(n).0, Vec::new())).collect();
+        assert_eq!(commit_stage(Listing(written.clone(), usize::MAX), commits, false), 5);
+        assert_eq!(*written.lock().unwrap(), [0, 1, 2, 3, 4]);
     }
 
     fn commit(number: u64, writes: Vec<Write>) -> ToCommit {

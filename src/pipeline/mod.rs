@@ -73,6 +73,8 @@ use crate::protocol::{Hash, KeyDelivery, Op};
 use crate::store::Store;
 
 #[cfg(feature = "testkit")]
+pub use committer::commit_stage;
+#[cfg(feature = "testkit")]
 pub use shards::fold_stage;
 pub(crate) use author::{compose, sign};
 
