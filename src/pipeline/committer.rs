@@ -253,8 +253,7 @@ fn answer_own_ops(shared: &PipelineState, number: u64) {
 pub fn commit_stage<S: Store>(store: S, commits: Vec<(Commit, Vec<ScopeStatus>)>, sync: bool) -> u64 {
     let (_, mut io, join) = super::shards::channels(1);
     let tx = io.pop().expect("one shard").tx;
-    let (direct, _) = crossbeam_channel::bounded(1);
-    let shared = Arc::new(PipelineState::new(0, Default::default(), Arc::new(super::verified::VerifiedCache::new(16)), direct));
+    let shared = PipelineState::detached();
     let handed = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let h = handed.clone();
     let on_durable: Box<dyn FnMut(Committed) + Send> = Box::new(move |c: Committed| {
@@ -281,6 +280,7 @@ pub fn commit_stage<S: Store>(store: S, commits: Vec<(Commit, Vec<ScopeStatus>)>
 mod tests {
     use super::*;
     use crate::core::Cf;
+    use crate::store::faulty::{Countdown, FaultyStore};
     use crate::store::memory::MemStore;
 
     /// A store that counts its writes.
@@ -305,34 +305,16 @@ mod tests {
         }
     }
 
-    /// A store that lists the commits it wrote (by the first byte of each
-    /// write's key) and fails the write its second field names, counted
-    /// from 1 (`usize::MAX`: none).
-    struct Listing(Arc<std::sync::Mutex<Vec<u8>>>, usize);
-
-    impl crate::core::TableScan for Listing {
-        fn scan(&self, _: Cf, _: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), crate::core::ScanFailed> {
-            Ok(())
-        }
+    /// The in-memory store behind a countdown: its `durable` is what the
+    /// commits wrote, its countdown counts the writes and fails the one it
+    /// names.
+    fn faulty(fail_at: Option<u64>) -> FaultyStore {
+        FaultyStore::new(MemStore::new(), Countdown::new(fail_at))
     }
 
-    impl Store for Listing {
-        fn write(&mut self, writes: &[Write], _: bool) -> Result<(), crate::store::StoreError> {
-            let mut written = self.0.lock().unwrap();
-            if written.len() + 1 == self.1 {
-                return Err(crate::store::StoreError::Injected("write"));
-            }
-            written.extend(writes.iter().map(|w| match w {
-                Write::Put(_, k, _) | Write::Delete(_, k) => k[0],
-            }));
-            Ok(())
-        }
-        fn get(&self, _: Cf, _: &[u8]) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
-            Ok(None)
-        }
-        fn op_ids_with_prefix(&self, _: &[u8], _: usize) -> Result<Vec<crate::protocol::Hash>, crate::store::StoreError> {
-            Ok(Vec::new())
-        }
+    /// Whether commit `number` (`numbered`) is in the store.
+    fn holds(store: &FaultyStore, number: u8) -> bool {
+        store.durable.lock().unwrap().get(Cf::Meta, &[number]).unwrap().is_some()
     }
 
     /// Commit `number`, one write and one applied op (`[number; 32]`).
@@ -349,7 +331,7 @@ mod tests {
     /// number.
     #[allow(clippy::type_complexity)]
     fn committer(
-        store: Listing,
+        store: FaultyStore,
     ) -> (
         crossbeam_channel::Sender<ToCommit>,
         std::sync::mpsc::SyncSender<()>,
@@ -361,8 +343,7 @@ mod tests {
         let tx = io.pop().unwrap().tx;
         let (go, wait) = std::sync::mpsc::sync_channel::<()>(16);
         let (report, reported) = std::sync::mpsc::channel::<u8>();
-        let (direct, _) = crossbeam_channel::bounded(1);
-        let shared = Arc::new(PipelineState::new(0, Default::default(), Arc::new(super::super::verified::VerifiedCache::new(16)), direct));
+        let shared = PipelineState::detached();
         let sh = shared.clone();
         let on_durable: Box<dyn FnMut(Committed) + Send> = Box::new(move |c: Committed| {
             wait.recv().unwrap();
@@ -385,14 +366,14 @@ mod tests {
     /// are published in order, and all of them before the committer ends.
     #[test]
     fn a_commit_is_written_while_the_one_before_is_published() {
-        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (tx, go, reported, shared, t) = committer(Listing(written.clone(), usize::MAX));
+        let store = faulty(None);
+        let (tx, go, reported, shared, t) = committer(store.clone());
         tx.send(numbered(0)).unwrap();
-        wait_until("commit 0 written", || written.lock().unwrap().len() == 1);
+        wait_until("commit 0 written", || holds(&store, 0));
         // Commit 0's side effects wait for a token: commit 1 is written
         // meanwhile, and the orderer told both are durable.
         tx.send(numbered(1)).unwrap();
-        wait_until("commit 1 written while commit 0 is published", || written.lock().unwrap().len() == 2);
+        wait_until("commit 1 written while commit 0 is published", || holds(&store, 1));
         assert_eq!(shared.durable_commits.load(Ordering::Acquire), 2);
         assert!(reported.try_recv().is_err(), "commit 0's side effects still wait");
         tx.send(numbered(2)).unwrap();
@@ -402,7 +383,8 @@ mod tests {
         }
         t.join().unwrap();
         assert_eq!(reported.try_iter().collect::<Vec<_>>(), [0, 1, 2]);
-        assert_eq!(*written.lock().unwrap(), [0, 1, 2]);
+        assert!((0..3).all(|n| holds(&store, n)));
+        assert_eq!(store.countdown.done(), 3, "one write per commit");
         assert_eq!(*shared.durable.borrow(), 3);
     }
 
@@ -411,14 +393,14 @@ mod tests {
     /// durable), the next one's hear that it never will be.
     #[test]
     fn a_refusal_answers_the_commits_written_before_it() {
-        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (tx, go, reported, shared, t) = committer(Listing(written.clone(), 2));
+        let store = faulty(Some(2));
+        let (tx, go, reported, shared, t) = committer(store.clone());
         let authored = |commit: u64| super::super::Authored { id: [0; 32], root: None, outcome: crate::core::Outcome::Applied, commit, event_seq: 0 };
         let (reply0, mut answer0) = tokio::sync::oneshot::channel();
         let (reply1, mut answer1) = tokio::sync::oneshot::channel();
         shared.answers.lock().unwrap().extend([(0, vec![(reply0, authored(0))]), (1, vec![(reply1, authored(1))])]);
         tx.send(numbered(0)).unwrap();
-        wait_until("commit 0 written", || written.lock().unwrap().len() == 1);
+        wait_until("commit 0 written", || holds(&store, 0));
         tx.send(numbered(1)).unwrap();
         wait_until("commit 1's write refused", || shared.refusing.load(Ordering::Acquire));
         go.send(()).unwrap();
@@ -436,10 +418,10 @@ mod tests {
     #[cfg(feature = "testkit")]
     #[test]
     fn the_commit_stage_alone_writes_and_publishes_every_commit() {
-        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let store = faulty(None);
         let commits: Vec<(Commit, Vec<ScopeStatus>)> = (0..5u8).map(|n| (numbered(n).0, Vec::new())).collect();
-        assert_eq!(commit_stage(Listing(written.clone(), usize::MAX), commits, false), 5);
-        assert_eq!(*written.lock().unwrap(), [0, 1, 2, 3, 4]);
+        assert_eq!(commit_stage(store.clone(), commits, false), 5);
+        assert!((0..5).all(|n| holds(&store, n)));
     }
 
     fn commit(number: u64, writes: Vec<Write>) -> ToCommit {

@@ -466,6 +466,15 @@ impl PipelineState {
         }
     }
 
+    /// A state for the committer alone (its stage benchmark and its
+    /// tests): no governance, no signatures known, nobody on the direct
+    /// queue.
+    #[cfg(any(test, feature = "testkit"))]
+    fn detached() -> Arc<PipelineState> {
+        let (direct, _) = bounded(1);
+        Arc::new(PipelineState::new(0, Default::default(), Arc::new(verified::VerifiedCache::new(16)), direct))
+    }
+
     /// After a failed store write (the committer) or read (the orderer's
     /// engine, `Engine::cold_failed`): the node accepts nothing more until
     /// restarted, and says why (redb's rule, `store`). Whether this call

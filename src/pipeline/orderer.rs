@@ -160,8 +160,7 @@ pub(super) fn run(
                 Some(Err(e)) if shared.refuse("store read", &e) => {
                     counter!("dagfold_store_read_failures_total").increment(1);
                 }
-                Some(Err(_)) => {}
-                None => {}
+                Some(Err(_)) | None => {}
             }
         }
         let commit = match engine.take_commit() {

@@ -126,11 +126,14 @@ fn decode_keys<'a>(cache: &KeyCache, keys: impl Iterator<Item = &'a [u8; 32]>) -
     let mut slots: HashMap<[u8; 32], Option<usize>> = HashMap::new();
     let mut minus_keys: Vec<EdwardsPoint> = Vec::new();
     let mut testable: Vec<[u8; 32]> = Vec::new();
+    let mut misses = 0;
     for pk in keys {
         if slots.contains_key(pk) {
             continue;
         }
-        let slot = match cache.get(pk) {
+        let found = cache.get(pk);
+        misses += u64::from(found.is_none());
+        let slot = match found {
             Some(Some(minus)) => {
                 minus_keys.push(minus);
                 Some(minus_keys.len() - 1)
@@ -155,6 +158,8 @@ fn decode_keys<'a>(cache: &KeyCache, keys: impl Iterator<Item = &'a [u8; 32]>) -
             slots.insert(*pk, Some(minus_keys.len() - 1));
         }
     }
+    // Counted once per batch: the counters are shared by every verifier.
+    cache.count(slots.len() as u64 - misses, misses);
     (slots, minus_keys)
 }
 
@@ -220,18 +225,18 @@ impl KeyCache {
     }
 
     fn get(&self, key: &[u8; 32]) -> Option<Option<EdwardsPoint>> {
-        use std::sync::atomic::Ordering::Relaxed;
         let mut g = self.shard(key);
-        let found = match g.newer.get(key) {
+        match g.newer.get(key) {
             Some(v) => Some(*v),
             None => g.older.remove(key).inspect(|v| g.insert(*key, *v, self.generation)),
-        };
-        drop(g);
-        match found {
-            Some(_) => self.hits.fetch_add(1, Relaxed),
-            None => self.misses.fetch_add(1, Relaxed),
-        };
-        found
+        }
+    }
+
+    /// Adds a batch's lookups to the counts.
+    fn count(&self, hits: u64, misses: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.hits.fetch_add(hits, Relaxed);
+        self.misses.fetch_add(misses, Relaxed);
     }
 
     fn insert(&self, key: [u8; 32], value: Option<EdwardsPoint>) {

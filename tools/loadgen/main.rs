@@ -350,9 +350,13 @@ fn status(admin: SocketAddr, scope: &Hash) -> Option<serde_json::Value> {
 
 /// utime + stime of a process, in seconds.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = after.split_whitespace().collect();
+    stat_cpu_seconds(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// utime + stime, in seconds, of a process's or a thread's `stat` line
+/// (the fields after the name, which is in parentheses).
+fn stat_cpu_seconds(stat: &str) -> Option<f64> {
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     Some(ticks / 100.0)
 }
@@ -365,11 +369,8 @@ fn thread_cpu_seconds(pid: u32) -> Option<std::collections::BTreeMap<String, f64
     let mut out = std::collections::BTreeMap::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-        let (Some(open), Some((head, after))) = (stat.find('('), stat.rsplit_once(')')) else { continue };
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
-        let (Some(user), Some(system)) = (ticks(11), ticks(12)) else { continue };
-        *out.entry(head[open + 1..].to_string()).or_insert(0.0) += (user + system) / 100.0;
+        let (Some(open), Some(close), Some(seconds)) = (stat.find('('), stat.rfind(')'), stat_cpu_seconds(&stat)) else { continue };
+        *out.entry(stat[open + 1..close].to_string()).or_insert(0.0) += seconds;
     }
     Some(out)
 }
