@@ -659,6 +659,10 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         Ok::<_, anyhow::Error>((samples, peak_rss_kb, rss_series, request_us, late_us))
     });
     let elapsed = t0.elapsed();
+    // The CPU of the timed phase, read before the root checks below: with
+    // many scopes those are as many HTTP requests, which are not the
+    // workload's.
+    let (cpu1, threads1, own_cpu1) = (a.node_pid.and_then(cpu_seconds), a.node_pid.and_then(thread_cpu_seconds), cpu_seconds(std::process::id()));
     let (samples, peak_rss_kb, rss_series, request_us, late_us) = result?;
     // Every scope's root against the fold of its ops (after the timed phase).
     let (mut applied, mut wrong_roots) = (0u64, Vec::new());
@@ -694,11 +698,11 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).copied().unwrap_or(0.0);
     // Cores used over the timed phase, from CPU seconds before and after.
     let cores = |c0: Option<f64>, c1: Option<f64>| Some((c1? - c0?) / elapsed.as_secs_f64());
-    let cpu = cores(cpu0, a.node_pid.and_then(cpu_seconds));
+    let cpu = cores(cpu0, cpu1);
     // Where the node's CPU went over the timed phase, by thread (its stages).
-    let thread_cpu = thread_cpu_per_op(&threads0, a.node_pid.and_then(thread_cpu_seconds), counted);
+    let thread_cpu = thread_cpu_per_op(&threads0, threads1, counted);
     // The sender shares the machine with the node: what it takes of it.
-    let own_cpu = cores(own_cpu0, cpu_seconds(std::process::id()));
+    let own_cpu = cores(own_cpu0, own_cpu1);
     let disk = a.data_dir.as_deref().map(dagfold::store::dir_bytes);
     let rss_tail_flat = if rss_series.len() > 10 {
         let half = &rss_series[rss_series.len() / 2..];
