@@ -85,10 +85,7 @@ impl AgeOrder {
 const PREPARED_BYTES_MAX: usize = 32 << 20;
 
 fn prepared_bytes(pre: &Option<Prepared>) -> usize {
-    match pre {
-        Some(Prepared { opened: Some(Some(p)), .. }) => p.len(),
-        _ => 0,
-    }
+    pre.as_ref().map_or(0, Prepared::payload_bytes)
 }
 
 /// The ops one scope holds in the buffers, by kind, and their bytes.
@@ -176,7 +173,7 @@ impl Buffers {
         let kept = prepared_bytes(&b.pre);
         if kept > 0 && self.prepared_bytes_total + kept > PREPARED_BYTES_MAX {
             if let Some(p) = b.pre.as_mut() {
-                p.opened = None;
+                p.drop_payload();
             }
         }
         self.prepared_bytes_total += prepared_bytes(&b.pre);

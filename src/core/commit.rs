@@ -7,7 +7,7 @@
 use super::governance::GovNode;
 use super::tables::{Cf, ScopeRecord, Write};
 use super::IdSet;
-use crate::protocol::{encode, Action, Event, Hash, PublicKey};
+use crate::protocol::{Action, Hash, PublicKey};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventOut {
@@ -50,7 +50,22 @@ pub struct Commit {
     pub records: Vec<(Hash, ScopeRecord)>,
 }
 
+/// Entries a commit's list is sized for ahead, at most (`size_like`).
+const PRESIZED_MAX: usize = 1 << 15;
+
 impl Commit {
+    /// Sizes the lists of `next`, the commit now being built, as this
+    /// one's (up to `PRESIZED_MAX` entries each): grown from nothing by
+    /// doubling, they were copied again and again at every commit (~5% of
+    /// the orderer's time in `causal`).
+    pub(crate) fn size_like(&self, next: &mut Commit) {
+        next.writes.reserve(self.writes.len().min(PRESIZED_MAX));
+        next.events.reserve(self.events.len().min(PRESIZED_MAX));
+        next.applied.reserve(self.applied.len().min(PRESIZED_MAX));
+        next.released.reserve(self.released.len().min(PRESIZED_MAX));
+        next.folds.reserve(self.folds.len().min(PRESIZED_MAX));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty() && self.events.is_empty() && self.folds.is_empty() && self.records.is_empty()
     }
@@ -80,21 +95,42 @@ impl Commit {
             let scope = self.events[i].scope;
             let first = self.events[i].seq;
             let mut j = i;
-            let mut val = Vec::new();
-            val.extend_from_slice(&0u32.to_le_bytes());
+            let mut len = 4;
             while j < self.events.len() && self.events[j].scope == scope {
                 let e = &self.events[j];
                 assert_eq!(e.seq, first + (j - i) as u64, "a scope's events are consecutive in a commit");
-                val.extend_from_slice(&e.op);
-                val.extend_from_slice(&encode(&Event { kind: e.kind.clone(), data: e.data.clone() }));
+                len += e.op.len() + event_encoded_len(e);
                 j += 1;
             }
+            // Sized once, each event's borsh written in place (no copy of
+            // its kind and data, no value grown by doubling).
+            let mut val = Vec::with_capacity(len);
+            val.extend_from_slice(&0u32.to_le_bytes());
+            for e in &self.events[i..j] {
+                val.extend_from_slice(&e.op);
+                put_event(&mut val, e);
+            }
+            debug_assert_eq!(val.len(), len);
             val[..4].copy_from_slice(&((j - i) as u32).to_le_bytes());
             let key = [scope.as_slice(), &first.to_be_bytes()].concat();
             self.writes.push(Write::Put(Cf::Events, key, val));
             i = j;
         }
     }
+}
+
+/// The length of `borsh(Event { kind, data })` of an event.
+fn event_encoded_len(e: &EventOut) -> usize {
+    4 + e.kind.len() + 4 + e.data.len()
+}
+
+/// Appends `borsh(Event { kind, data })` of an event: each field's `u32`
+/// length, then its bytes.
+fn put_event(out: &mut Vec<u8>, e: &EventOut) {
+    out.extend_from_slice(&(e.kind.len() as u32).to_le_bytes());
+    out.extend_from_slice(e.kind.as_bytes());
+    out.extend_from_slice(&(e.data.len() as u32).to_le_bytes());
+    out.extend_from_slice(&e.data);
 }
 
 /// One applied data op, for the fold.
@@ -114,4 +150,49 @@ pub struct Check {
     pub op: Hash,
     /// The `root_hash` of the op's payload.
     pub root: Hash,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{encode, Event};
+
+    /// A commit's events are written per scope as one record: their count,
+    /// then each event's op id and `borsh(Event)`, the same bytes as the
+    /// borsh encoder gives (the record's format, read by the event feeds).
+    #[test]
+    fn the_event_log_holds_each_event_as_borsh_encodes_it() {
+        let ev = |scope: u8, seq, kind: &str, data: &[u8]| EventOut { scope: [scope; 32], seq, op: [seq as u8; 32], kind: kind.into(), data: data.to_vec() };
+        let events = vec![ev(1, 5, "put", b"abc"), ev(1, 6, "", b""), ev(1, 7, "k\u{e9}y", &[0; 300]), ev(2, 1, "x", b"y")];
+        let mut c = Commit { events: events.clone(), ..Default::default() };
+        c.put_event_log();
+        let record = |from: &[EventOut]| {
+            let mut v = (from.len() as u32).to_le_bytes().to_vec();
+            for e in from {
+                v.extend_from_slice(&e.op);
+                v.extend_from_slice(&encode(&Event { kind: e.kind.clone(), data: e.data.clone() }));
+            }
+            v
+        };
+        let key = |scope: u8, first: u64| [[scope; 32].as_slice(), &first.to_be_bytes()].concat();
+        assert_eq!(
+            c.writes,
+            vec![Write::Put(Cf::Events, key(1, 5), record(&events[..3])), Write::Put(Cf::Events, key(2, 1), record(&events[3..]))]
+        );
+    }
+
+    /// The next commit's lists are sized as the last one's, within the
+    /// bound, and start empty.
+    #[test]
+    fn the_next_commit_is_sized_like_the_last() {
+        let mut last = Commit::default();
+        last.applied = vec![([1; 32], [2; 32]); 1000];
+        last.writes = (0..(PRESIZED_MAX + 5)).map(|i| Write::Delete(Cf::Pending, (i as u32).to_le_bytes().to_vec())).collect();
+        let mut next = Commit::default();
+        last.size_like(&mut next);
+        assert!(next.applied.is_empty() && next.writes.is_empty());
+        assert!(next.applied.capacity() >= 1000);
+        assert!((PRESIZED_MAX..PRESIZED_MAX + 5).contains(&next.writes.capacity()), "bounded: {}", next.writes.capacity());
+        assert_eq!(next.folds.capacity(), 0);
+    }
 }

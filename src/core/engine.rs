@@ -240,6 +240,19 @@ impl Engine {
         Ok(())
     }
 
+    /// Starts loading what judging these ops reads first of the cold index
+    /// (each op's id is looked up there unless in memory): a batch's ids
+    /// before its ops, so that their cache misses overlap instead of each
+    /// stalling its op. Changes nothing.
+    pub fn prefetch<'a>(&self, ids: impl Iterator<Item = &'a Hash>) {
+        if self.cold.is_none() || self.cold_filter_partial {
+            return;
+        }
+        for id in ids {
+            self.cold_filter.prefetch(id);
+        }
+    }
+
     /// Whether `id` may be an applied op of the cold index.
     fn cold_may_contain(&self, id: &Hash) -> bool {
         self.cold_filter_partial || self.cold_filter.may_contain(id)
@@ -605,7 +618,12 @@ impl Engine {
                 }
             }
         }
-        // Step 4: decrypt.
+        // Step 4: decrypt, and decode (both may be done ahead).
+        let mut pre = pre;
+        if let Some((p, _)) = pre.as_mut().and_then(|p| p.data.take()) {
+            debug_assert_eq!(op.plane, PLANE_DATA, "only a data op's payload is decoded ahead");
+            return Judgement::Apply(Decrypted::Data(p));
+        }
         let opened = match pre.and_then(|p| p.opened.take()) {
             Some(opened) => opened,
             None => {
@@ -1024,6 +1042,7 @@ impl Engine {
         self.out.number = self.commit_number;
         self.commit_number += 1;
         let mut commit = std::mem::take(&mut self.out);
+        commit.size_like(&mut self.out);
         if let Some(projector) = &mut self.projector {
             projector.finish_commit(&mut commit);
         }

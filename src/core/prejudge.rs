@@ -5,7 +5,8 @@
 //! judgement and computes whatever is missing itself, with the same result.
 
 use super::governance::{GovState, Governance};
-use crate::protocol::{Hash, Op, OpKind, Role, PLANE_DATA, PLANE_GOVERNANCE};
+use crate::protocol::codec::decode_data_payload;
+use crate::protocol::{DataPayload, Hash, Op, OpKind, Role, PLANE_DATA, PLANE_GOVERNANCE};
 
 /// A signature-checked op on its way in (`delta_id` recomputed).
 #[derive(Clone, Debug)]
@@ -25,6 +26,39 @@ pub enum PreAuth {
     Ok,
     Unauthorized,
     StaleKey,
+}
+
+impl Prepared {
+    /// Keeps the opened payload of a data op (`plane`) decoded when it
+    /// decodes, else as opened: the engine then finds it undecodable
+    /// (`bad_payload`) or, for a governance op, decodes it itself.
+    pub fn open_data(&mut self, plane: u8, opened: Option<Vec<u8>>) {
+        if plane == PLANE_DATA {
+            if let Some(plain) = &opened {
+                if let Ok(p) = decode_data_payload(plain) {
+                    self.data = Some((p, plain.len()));
+                    self.opened = None;
+                    return;
+                }
+            }
+        }
+        self.opened = Some(opened);
+    }
+
+    /// Bytes of the payload held, opened or decoded (by its plaintext).
+    pub fn payload_bytes(&self) -> usize {
+        match (&self.opened, &self.data) {
+            (Some(Some(p)), _) => p.len(),
+            (_, Some((_, n))) => *n,
+            _ => 0,
+        }
+    }
+
+    /// Forgets the opened payload (the engine opens it again if needed).
+    pub fn drop_payload(&mut self) {
+        self.opened = None;
+        self.data = None;
+    }
 }
 
 pub fn authorize_at(g: &GovState, op: &Op) -> PreAuth {
@@ -64,6 +98,11 @@ pub struct Prepared {
     /// The payload opened with the key of `key_id`: `Some(None)` is a tag
     /// mismatch.
     pub opened: Option<Option<Vec<u8>>>,
+    /// A data op's payload opened and decoded (SPEC §6 step 4 done whole),
+    /// with the length of its plaintext; `opened` is then `None`. Set by
+    /// `open_data`, where the decoding is a pure function of the plaintext
+    /// as in the engine.
+    pub data: Option<(DataPayload, usize)>,
     /// A key delivery to this node: the key it seals (`Some(None)`: it
     /// does not open; `Engine::handle_key_opened`).
     pub key: Option<Option<[u8; 32]>>,

@@ -37,7 +37,9 @@ pub(super) fn run(
                     continue;
                 }
                 if let Some(key) = keys.get(&op.key_id) {
-                    i.pre.opened = Some(open_payload(key, &op.nonce, &op.scope, op.plane, &op.payload));
+                    // A data op's payload decoded here too, off the
+                    // orderer's thread (`Prepared::open_data`).
+                    i.pre.open_data(op.plane, open_payload(key, &op.nonce, &op.scope, op.plane, &op.payload));
                 }
             }
             // Deliveries the engine would open: to this node, of a key it
@@ -73,6 +75,61 @@ mod tests {
     use crate::pipeline::Item;
     use crate::protocol::crypto::{key_id_of, seal_key_delivery};
     use crate::protocol::KeyDelivery;
+
+    /// A data op's payload leaves the decryptor opened and decoded (the
+    /// orderer then only takes it); a plaintext that does not decode, a
+    /// governance op's and a tag that does not match leave it as opened,
+    /// for the engine to judge as it does without the stage. The bytes the
+    /// batch holds count a decoded payload by its plaintext.
+    #[test]
+    fn a_data_payload_is_decoded_here() {
+        use crate::protocol::codec::decode_data_payload;
+        use crate::protocol::crypto::seal_payload;
+        use crate::protocol::{encode, Action, DataPayload, Op, PLANE_DATA, PLANE_GOVERNANCE};
+        let me = Identity::from_secrets([1; 32], [2; 32]);
+        let (scope, key) = ([5; 32], [6; 32]);
+        let payload = DataPayload {
+            root_hash: [7; 32],
+            actions: vec![Action::Put { entity: "e".into(), key: b"k".to_vec(), value: b"v".to_vec() }],
+            events: vec![],
+        };
+        let good = encode(&payload);
+        let op = |plane, plain: &[u8], k: &[u8; 32], n: u8| Op {
+            version: 1,
+            scope,
+            plane,
+            author: [8; 32],
+            parents: vec![[9; 32]],
+            cut: vec![[10; 32]],
+            hlc: 2,
+            key_id: key_id_of(&key),
+            nonce: [n; 12],
+            payload: seal_payload(k, &[n; 12], &scope, plane, plain),
+            signature: [0; 64],
+        };
+        let ops = [op(PLANE_DATA, &good, &key, 1), op(PLANE_DATA, &[1, 2, 3], &key, 2), op(PLANE_GOVERNANCE, &good, &key, 3), op(PLANE_DATA, &good, &[11; 32], 4)];
+        let pre = Prepared { auth: Some(crate::core::PreAuth::Ok), ..Default::default() };
+        let items = ops
+            .iter()
+            .map(|o| Item { work: Work::Op { id: [0; 32], op: o.clone(), bytes: vec![0; 100], conn: 0, host: None }, valid: true, pre: pre.clone() })
+            .collect();
+        let keyring = Arc::new(RwLock::new(HashMap::from([(key_id_of(&key), key)])));
+        let (in_tx, in_rx) = crossbeam_channel::bounded(1);
+        let (out_tx, out_rx) = crossbeam_channel::bounded(1);
+        in_tx.send(Batch { seq: 0, items, received: Instant::now() }).unwrap();
+        drop(in_tx);
+        let gate = gate::ByteGate::new(1 << 30);
+        run(in_rx, out_tx, keyring, &me, &gate);
+        let batch = out_rx.recv().unwrap();
+        let want = (2 * 100 + 64) * 4 + good.len() + 3 + good.len();
+        assert_eq!(batch.bytes(), want as u64, "a decoded payload counted by its plaintext");
+        let p: Vec<&Prepared> = batch.items.iter().map(|i| &i.pre).collect();
+        assert_eq!(p[0].data, Some((decode_data_payload(&good).unwrap(), good.len())));
+        assert_eq!(p[0].opened, None);
+        assert_eq!((&p[1].data, &p[1].opened), (&None, &Some(Some(vec![1, 2, 3]))), "undecodable: the engine's bad_payload");
+        assert_eq!((&p[2].data, &p[2].opened), (&None, &Some(Some(good.clone()))), "a governance op's");
+        assert_eq!((&p[3].data, &p[3].opened), (&None, &Some(None)), "a tag that does not match");
+    }
 
     /// The key deliveries of a batch addressed to this node, of keys it
     /// lacks, leave the decryptor opened (eleven of them: a row of eight

@@ -237,7 +237,7 @@ impl Batch {
         self.items
             .iter()
             .map(|i| match &i.work {
-                Work::Op { bytes, .. } => 2 * bytes.len() as u64 + i.pre.opened.as_ref().map_or(0, |o| o.as_ref().map_or(0, |p| p.len() as u64)) + 64,
+                Work::Op { bytes, .. } => 2 * bytes.len() as u64 + i.pre.payload_bytes() as u64 + 64,
                 // A delivery's sealed key can be a frame's worth (1 MiB).
                 Work::Key { kd, .. } | Work::Deliver { kd, .. } => kd.sealed.len() as u64 + 256,
                 Work::Draft(r) => r.iter().map(DraftRequest::bytes).sum(),

@@ -127,6 +127,10 @@ pub(super) fn run(
                     last_received = last_received.min(batch.received);
                     items_in_commit += batch.items.len();
                     let mut at = ItemState { conns: &mut conns, hosts: &mut hosts, heartbeats: &mut heartbeats, authoring: &mut authoring };
+                    engine.prefetch(batch.items.iter().filter_map(|i| match &i.work {
+                        Work::Op { id, .. } if i.valid => Some(id),
+                        _ => None,
+                    }));
                     for item in batch.items {
                         handle_item(engine, item, &shared, &mut at);
                     }
@@ -379,7 +383,7 @@ fn judge_own(engine: &mut Engine, o: crate::pipeline::OwnOp, authoring: &mut Aut
     // Signed by the node's own key over `id` (`Work::Own`); the payload it
     // sealed is `plain`.
     let root = if plane == crate::protocol::PLANE_DATA { plain.as_ref().and_then(|p| p.get(..32)?.try_into().ok()) } else { None };
-    let pre = crate::core::Prepared { auth: None, opened: plain.map(Some), key: None };
+    let pre = crate::core::Prepared { auth: None, opened: plain.map(Some), ..Default::default() };
     let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre }, true, now);
     let answer = Authored { id, root, outcome, commit: engine.commit_number(), event_seq };
     if outcome == Outcome::Applied {
