@@ -789,6 +789,14 @@ impl Engine {
         self.enforce_bounds(scope);
     }
 
+    /// Notes that `scope`'s status changed (`take_touched_scopes`): once
+    /// for a run of ops of one scope, not once per op.
+    fn touch(&mut self, scope: u32) {
+        if self.touched.last() != Some(&scope) {
+            self.touched.push(scope);
+        }
+    }
+
     fn next_seq(&mut self) -> u64 {
         let s = self.seq;
         self.seq += 1;
@@ -797,7 +805,7 @@ impl Engine {
 
     /// Puts an op in its buffer (`Buffers::put`) and marks it buffered.
     pub(super) fn put_buffered(&mut self, id: Hash, b: Box<Buffered>, fresh: bool) {
-        self.touched.push(b.scope);
+        self.touch(b.scope);
         self.ops.insert(id, Entry::Buffered);
         self.buffers.put(id, b, fresh);
     }
@@ -806,7 +814,7 @@ impl Engine {
     /// the store).
     fn take_buffered(&mut self, id: &Hash) -> Option<Box<Buffered>> {
         let b = self.buffers.take(id)?;
-        self.touched.push(b.scope);
+        self.touch(b.scope);
         Some(b)
     }
 
@@ -842,7 +850,7 @@ impl Engine {
     }
 
     fn drop_op(&mut self, id: Hash, scope: u32, reason: Reason) {
-        self.touched.push(scope);
+        self.touch(scope);
         self.stats.dropped[reason.code() as usize] += 1;
         self.ops.insert(id, Entry::Dropped { reason, scope });
         let seq = self.next_seq();
@@ -867,7 +875,7 @@ impl Engine {
     /// pending op's, written when it was buffered).
     fn apply(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, payload: Decrypted, stored: bool) {
         self.stats.applied += 1;
-        self.touched.push(scope);
+        self.touch(scope);
         let cut = self.intern_cut(op.cut_ids());
         self.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
         if self.cold.is_some() {
