@@ -107,6 +107,13 @@ impl Projection {
         self.smt.take_checkpoint_roots(out);
     }
 
+    /// The commit's writes of the cells changed since the last
+    /// `take_changed`, at most: one per change (a cell changed twice counts
+    /// twice), and for a created cell its index record and its entity's.
+    pub fn writes_max(&self) -> usize {
+        self.changed.len() + 2 * self.created.len()
+    }
+
     /// Cells changed since the last call (each once), for the commit, each
     /// with whether it was created since then.
     pub fn take_changed(&mut self) -> Vec<(Hash, &CellSlot, bool)> {

@@ -40,6 +40,9 @@ struct Projected {
     indexed: std::collections::HashSet<String>,
 }
 
+/// Writes a commit's part is sized for ahead, at most (`finish_commit`).
+const WRITES_PRESIZED_MAX: usize = 1 << 16;
+
 /// Entities remembered as indexed per scope, at most: a scope of many
 /// entities forgets them all and puts their records again as it goes.
 const INDEXED_ENTITIES_MAX: usize = 1024;
@@ -197,9 +200,11 @@ impl Projector {
         let mut touched = std::mem::take(&mut self.touched);
         touched.sort_unstable();
         touched.dedup();
-        // A cell's write per touched scope at least (sized up front: grown
-        // by doubling, the list was copied again at each step).
-        c.writes.reserve(touched.len() * 2);
+        // Sized up front: grown by doubling from the few writes the
+        // commit's part brings, the list was copied again at each step
+        // (~4% of the projector in causal).
+        let writes: usize = touched.iter().map(|s| self.scopes.get(s).map_or(0, |p| p.projection.writes_max())).sum();
+        c.writes.reserve(writes.min(WRITES_PRESIZED_MAX));
         // An entity's record once, not once per new cell of it (the API's
         // writes make a new cell each, in one entity; a scope's ops, each
         // in its own commit, mostly add cells to entities it has).
