@@ -185,9 +185,11 @@ mod tests {
     /// bound, and start empty.
     #[test]
     fn the_next_commit_is_sized_like_the_last() {
-        let mut last = Commit::default();
-        last.applied = vec![([1; 32], [2; 32]); 1000];
-        last.writes = (0..(PRESIZED_MAX + 5)).map(|i| Write::Delete(Cf::Pending, (i as u32).to_le_bytes().to_vec())).collect();
+        let last = Commit {
+            applied: vec![([1; 32], [2; 32]); 1000],
+            writes: (0..(PRESIZED_MAX + 5)).map(|i| Write::Delete(Cf::Pending, (i as u32).to_le_bytes().to_vec())).collect(),
+            ..Default::default()
+        };
         let mut next = Commit::default();
         last.size_like(&mut next);
         assert!(next.applied.is_empty() && next.writes.is_empty());
