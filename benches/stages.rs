@@ -18,7 +18,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dagfold::core::projection::Projection;
 use dagfold::core::projector::shard_of;
-use dagfold::core::{authorize_at, decode_frame, Cf, Commit, Config, Decoded, Engine, Fold, Identity, Projector, ScopeRecord, VerifiedOp, Write};
+use dagfold::core::{authorize_at, decode_frame, Cf, Commit, Config, Decoded, Engine, Fold, Identity, Prepared, Projector, ScopeRecord, VerifiedOp, Write};
 use dagfold::durable::InlineDriver;
 use dagfold::protocol::crypto::{open_payload, sha256, sha256_tag_pair};
 use dagfold::protocol::sha_lanes::sha256_tag_pairs;
@@ -433,6 +433,106 @@ fn sharded_workload() -> Sharded {
     Sharded { frames, commits }
 }
 
-criterion_group!(benches, stages, engine_on_rocksdb, commit_stage);
+/// What the stages before the orderer hand it for one message: an op with
+/// its signature checked, its authorization at its cut and its payload
+/// opened (and, a data op's, decoded), or a key delivery opened.
+enum Ordered {
+    Op(VerifiedOp),
+    Key(KeyDelivery, Option<Option<[u8; 32]>>),
+}
+
+/// The order stage alone: the engine as the orderer runs it, its fold
+/// handed out (`Engine::take_projector`), over 100,000 causal data ops (4
+/// writers, one scope) as the stages before it deliver them (`Ordered`:
+/// what the verifiers, the authorizer and the decryptor compute), a commit
+/// taken every 1,024 frames with its scope's status, and sent to a thread
+/// that frees it (the projector and committer do, in the node). Its rate
+/// is the cap one orderer thread puts on a node however many cores it has
+/// (ARCHITECTURE.md, "Cost per stage"); the orderer's thread adds the
+/// commit's split and its channels.
+fn order_stage(c: &mut Criterion) {
+    let made = std::cell::OnceCell::new();
+    let mut g = c.benchmark_group("order stage");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(20));
+    g.throughput(Throughput::Elements(100_000));
+    g.bench_function("causal, commits of 1,024 frames", |b| {
+        let (w, items): &(dagfold::workload::Workload, Vec<(Hash, Vec<u8>, Prepared, bool)>) = made.get_or_init(|| {
+            let w = workload(100_000, false);
+            let keys: std::collections::HashMap<Hash, [u8; 32]> = w.keys.iter().map(|k| (crypto::key_id_of(k), *k)).collect();
+            // The authorizer's replica: an engine that has applied what
+            // came before each op.
+            let mut replica = Engine::new(Config::default(), node());
+            let mut items = Vec::new();
+            for m in &w.messages {
+                match decode_frame(&m.frame).unwrap() {
+                    Decoded::Op { id, op, bytes } => {
+                        let mut pre = Prepared { auth: replica.governance_at(op.cut_ids()).map(|g| authorize_at(&g, &op)), ..Default::default() };
+                        if let Some(key) = keys.get(&op.key_id) {
+                            pre.open_data(op.plane, open_payload(key, &op.nonce, &op.scope, op.plane, &op.payload));
+                        }
+                        items.push((id, m.frame.clone(), pre, false));
+                        replica.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, true, 0);
+                    }
+                    Decoded::Key(kd) => {
+                        items.push(([0; 32], m.frame.clone(), Prepared::default(), true));
+                        replica.handle_key(&kd, 0);
+                    }
+                }
+            }
+            (w, items)
+        });
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let input: Vec<Ordered> = items
+                    .iter()
+                    .map(|(id, bytes, pre, key)| match decode_frame(bytes).unwrap() {
+                        Decoded::Op { op, bytes, .. } => Ordered::Op(VerifiedOp { id: *id, op, bytes, pre: pre.clone() }),
+                        Decoded::Key(kd) if *key => {
+                            let opened = w.keys.iter().find(|k| crypto::key_id_of(k) == kd.key_id).copied();
+                            Ordered::Key(kd, Some(opened))
+                        }
+                        Decoded::Key(_) => unreachable!(),
+                    })
+                    .collect();
+                let mut engine = Engine::new(Config::default(), node());
+                let _projector = engine.take_projector();
+                let (tx, rx) = crossbeam_channel::bounded::<(Commit, Vec<dagfold::core::ScopeStatus>)>(4);
+                let freer = std::thread::spawn(move || rx.into_iter().count());
+                let mut input = input.into_iter();
+                let t = Instant::now();
+                loop {
+                    let chunk: Vec<Ordered> = input.by_ref().take(1024).collect();
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    for item in chunk {
+                        match item {
+                            Ordered::Op(v) => {
+                                engine.handle_checked(v, true, 0);
+                            }
+                            Ordered::Key(kd, opened) => {
+                                engine.handle_key_opened(&kd, opened, 0);
+                            }
+                        }
+                    }
+                    let commit = engine.take_commit().unwrap();
+                    let statuses = engine.take_touched_scopes().iter().filter_map(|s| engine.status(s)).collect();
+                    tx.send((commit, statuses)).unwrap();
+                }
+                drop(tx);
+                let commits = freer.join().unwrap();
+                total += t.elapsed();
+                assert!(commits >= 98, "{commits} commits");
+                assert_eq!(engine.status(&w.scope).map(|s| s.applied), Some(100_002), "every op applied");
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, stages, engine_on_rocksdb, commit_stage, order_stage);
 criterion_group!(sharded, fold_shards);
 criterion_main!(benches, sharded);
