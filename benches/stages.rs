@@ -435,7 +435,10 @@ fn sharded_workload() -> Sharded {
 
 /// What the stages before the orderer hand it for one message: an op with
 /// its signature checked, its authorization at its cut and its payload
-/// opened (and, a data op's, decoded), or a key delivery opened.
+/// opened (and, a data op's, decoded), or a key delivery opened. Held by
+/// value, as the pipeline's items are (a box would add an allocation per
+/// op that the node does not make).
+#[allow(clippy::large_enum_variant)]
 enum Ordered {
     Op(VerifiedOp),
     Key(KeyDelivery, Option<Option<[u8; 32]>>),
@@ -450,6 +453,11 @@ enum Ordered {
 /// is the cap one orderer thread puts on a node however many cores it has
 /// (ARCHITECTURE.md, "Cost per stage"); the orderer's thread adds the
 /// commit's split and its channels.
+/// A message of the order stage's workload: its id (an op's), its frame,
+/// what the stages before the orderer computed, and whether it is a key
+/// delivery.
+type Prepped = (Hash, Vec<u8>, Prepared, bool);
+
 fn order_stage(c: &mut Criterion) {
     let made = std::cell::OnceCell::new();
     let mut g = c.benchmark_group("order stage");
@@ -457,7 +465,7 @@ fn order_stage(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(20));
     g.throughput(Throughput::Elements(100_000));
     g.bench_function("causal, commits of 1,024 frames", |b| {
-        let (w, items): &(dagfold::workload::Workload, Vec<(Hash, Vec<u8>, Prepared, bool)>) = made.get_or_init(|| {
+        let (w, items): &(dagfold::workload::Workload, Vec<Prepped>) = made.get_or_init(|| {
             let w = workload(100_000, false);
             let keys: std::collections::HashMap<Hash, [u8; 32]> = w.keys.iter().map(|k| (crypto::key_id_of(k), *k)).collect();
             // The authorizer's replica: an engine that has applied what
