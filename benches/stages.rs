@@ -444,100 +444,128 @@ enum Ordered {
     Key(KeyDelivery, Option<Option<[u8; 32]>>),
 }
 
+/// A message of the order stage's workload: its id (an op's), its frame,
+/// what the stages before the orderer computed, and whether it is a key
+/// delivery.
+type Prepped = (Hash, Vec<u8>, Prepared, bool);
+
+/// The order stage's workload: 100,000 causal data ops (4 writers, one
+/// scope), after its governance ops and key deliveries; `shuffled`: the
+/// data ops shuffled in windows of 10,000 with 10% duplicates, as
+/// `tools/bench shuffled` sends them. Each message with what the stages
+/// before the orderer compute for it on its arrival (an authorizer's
+/// replica that has applied what came before it).
+fn order_items(shuffled: bool) -> (dagfold::workload::Workload, Vec<Prepped>) {
+    use rand::{Rng, SeedableRng};
+    let w = workload(100_000, false);
+    let keys: std::collections::HashMap<Hash, [u8; 32]> = w.keys.iter().map(|k| (crypto::key_id_of(k), *k)).collect();
+    let (mut frames, mut data): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (Vec::new(), Vec::new());
+    for m in &w.messages {
+        if m.is_data {
+            data.push(m.frame.clone());
+        } else {
+            frames.push(m.frame.clone());
+        }
+    }
+    if shuffled {
+        let order = dagfold::workload::shuffle_within_windows(data.len(), 10_000, 7);
+        data = order.into_iter().map(|i| std::mem::take(&mut data[i])).collect();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+        for _ in 0..data.len() / 10 {
+            let copy = data[rng.gen_range(0..data.len())].clone();
+            let at = rng.gen_range(0..=data.len());
+            data.insert(at, copy);
+        }
+    }
+    frames.extend(data);
+    let mut replica = Engine::new(Config::default(), node());
+    let mut items = Vec::new();
+    for frame in frames {
+        match decode_frame(&frame).unwrap() {
+            Decoded::Op { id, op, bytes } => {
+                let mut pre = Prepared { auth: replica.governance_at(op.cut_ids()).map(|g| authorize_at(&g, &op)), ..Default::default() };
+                if let Some(key) = keys.get(&op.key_id) {
+                    pre.open_data(op.plane, open_payload(key, &op.nonce, &op.scope, op.plane, &op.payload));
+                }
+                items.push((id, frame, pre, false));
+                replica.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, true, 0);
+            }
+            Decoded::Key(kd) => {
+                items.push(([0; 32], frame, Prepared::default(), true));
+                replica.handle_key(&kd, 0);
+            }
+        }
+    }
+    (w, items)
+}
+
 /// The order stage alone: the engine as the orderer runs it, its fold
-/// handed out (`Engine::take_projector`), over 100,000 causal data ops (4
-/// writers, one scope) as the stages before it deliver them (`Ordered`:
+/// handed out (`Engine::take_projector`), over `order_items`' workload (causal, and
+/// shuffled) as the stages before it deliver them (`Ordered`:
 /// what the verifiers, the authorizer and the decryptor compute), a commit
 /// taken every 1,024 frames with its scope's status, and sent to a thread
 /// that frees it (the projector and committer do, in the node). Its rate
 /// is the cap one orderer thread puts on a node however many cores it has
 /// (ARCHITECTURE.md, "Cost per stage"); the orderer's thread adds the
 /// commit's split and its channels.
-/// A message of the order stage's workload: its id (an op's), its frame,
-/// what the stages before the orderer computed, and whether it is a key
-/// delivery.
-type Prepped = (Hash, Vec<u8>, Prepared, bool);
-
 fn order_stage(c: &mut Criterion) {
-    let made = std::cell::OnceCell::new();
     let mut g = c.benchmark_group("order stage");
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(20));
     g.throughput(Throughput::Elements(100_000));
-    g.bench_function("causal, commits of 1,024 frames", |b| {
-        let (w, items): &(dagfold::workload::Workload, Vec<Prepped>) = made.get_or_init(|| {
-            let w = workload(100_000, false);
-            let keys: std::collections::HashMap<Hash, [u8; 32]> = w.keys.iter().map(|k| (crypto::key_id_of(k), *k)).collect();
-            // The authorizer's replica: an engine that has applied what
-            // came before each op.
-            let mut replica = Engine::new(Config::default(), node());
-            let mut items = Vec::new();
-            for m in &w.messages {
-                match decode_frame(&m.frame).unwrap() {
-                    Decoded::Op { id, op, bytes } => {
-                        let mut pre = Prepared { auth: replica.governance_at(op.cut_ids()).map(|g| authorize_at(&g, &op)), ..Default::default() };
-                        if let Some(key) = keys.get(&op.key_id) {
-                            pre.open_data(op.plane, open_payload(key, &op.nonce, &op.scope, op.plane, &op.payload));
+    for (name, shuffled) in [("causal, commits of 1,024 frames", false), ("shuffled, commits of 1,024 frames", true)] {
+        let made = std::cell::OnceCell::new();
+        g.bench_function(name, |b| {
+            let (w, items) = made.get_or_init(|| order_items(shuffled));
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let input: Vec<Ordered> = items
+                        .iter()
+                        .map(|(id, frame, pre, key)| match decode_frame(frame).unwrap() {
+                            Decoded::Op { op, bytes, .. } => Ordered::Op(VerifiedOp { id: *id, op, bytes, pre: pre.clone() }),
+                            Decoded::Key(kd) if *key => {
+                                let opened = w.keys.iter().find(|k| crypto::key_id_of(k) == kd.key_id).copied();
+                                Ordered::Key(kd, Some(opened))
+                            }
+                            Decoded::Key(_) => unreachable!(),
+                        })
+                        .collect();
+                    let mut engine = Engine::new(Config::default(), node());
+                    let _projector = engine.take_projector();
+                    let (tx, rx) = crossbeam_channel::bounded::<(Commit, Vec<dagfold::core::ScopeStatus>)>(4);
+                    let freer = std::thread::spawn(move || rx.into_iter().count());
+                    let mut input = input.into_iter();
+                    let t = Instant::now();
+                    loop {
+                        let chunk: Vec<Ordered> = input.by_ref().take(1024).collect();
+                        if chunk.is_empty() {
+                            break;
                         }
-                        items.push((id, m.frame.clone(), pre, false));
-                        replica.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, true, 0);
+                        for item in chunk {
+                            match item {
+                                Ordered::Op(v) => {
+                                    engine.handle_checked(v, true, 0);
+                                }
+                                Ordered::Key(kd, opened) => {
+                                    engine.handle_key_opened(&kd, opened, 0);
+                                }
+                            }
+                        }
+                        let commit = engine.take_commit().unwrap();
+                        let statuses = engine.take_touched_scopes().iter().filter_map(|s| engine.status(s)).collect();
+                        tx.send((commit, statuses)).unwrap();
                     }
-                    Decoded::Key(kd) => {
-                        items.push(([0; 32], m.frame.clone(), Prepared::default(), true));
-                        replica.handle_key(&kd, 0);
-                    }
+                    drop(tx);
+                    let commits = freer.join().unwrap();
+                    total += t.elapsed();
+                    assert!(commits >= 98, "{commits} commits");
+                    assert_eq!(engine.status(&w.scope).map(|s| s.applied), Some(100_002), "every op applied");
                 }
-            }
-            (w, items)
+                total
+            })
         });
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let input: Vec<Ordered> = items
-                    .iter()
-                    .map(|(id, bytes, pre, key)| match decode_frame(bytes).unwrap() {
-                        Decoded::Op { op, bytes, .. } => Ordered::Op(VerifiedOp { id: *id, op, bytes, pre: pre.clone() }),
-                        Decoded::Key(kd) if *key => {
-                            let opened = w.keys.iter().find(|k| crypto::key_id_of(k) == kd.key_id).copied();
-                            Ordered::Key(kd, Some(opened))
-                        }
-                        Decoded::Key(_) => unreachable!(),
-                    })
-                    .collect();
-                let mut engine = Engine::new(Config::default(), node());
-                let _projector = engine.take_projector();
-                let (tx, rx) = crossbeam_channel::bounded::<(Commit, Vec<dagfold::core::ScopeStatus>)>(4);
-                let freer = std::thread::spawn(move || rx.into_iter().count());
-                let mut input = input.into_iter();
-                let t = Instant::now();
-                loop {
-                    let chunk: Vec<Ordered> = input.by_ref().take(1024).collect();
-                    if chunk.is_empty() {
-                        break;
-                    }
-                    for item in chunk {
-                        match item {
-                            Ordered::Op(v) => {
-                                engine.handle_checked(v, true, 0);
-                            }
-                            Ordered::Key(kd, opened) => {
-                                engine.handle_key_opened(&kd, opened, 0);
-                            }
-                        }
-                    }
-                    let commit = engine.take_commit().unwrap();
-                    let statuses = engine.take_touched_scopes().iter().filter_map(|s| engine.status(s)).collect();
-                    tx.send((commit, statuses)).unwrap();
-                }
-                drop(tx);
-                let commits = freer.join().unwrap();
-                total += t.elapsed();
-                assert!(commits >= 98, "{commits} commits");
-                assert_eq!(engine.status(&w.scope).map(|s| s.applied), Some(100_002), "every op applied");
-            }
-            total
-        })
-    });
+    }
     g.finish();
 }
 

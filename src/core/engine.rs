@@ -21,7 +21,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use super::buffers::{Buffered, Buffers};
+use super::buffers::{Buffered, Buffers, Ids};
 use super::cold::{ColdOps, ColdReadFailed, IdFilter};
 use super::commit::{Check, Commit, EventOut, Fold};
 use super::governance::{GovNode, GovState, Governance};
@@ -94,7 +94,7 @@ enum Decrypted {
 enum Judgement {
     Apply(Decrypted),
     Drop(Reason),
-    Pending(Vec<Hash>),
+    Pending(Ids),
     KeyWait,
 }
 
@@ -558,7 +558,7 @@ impl Engine {
             };
         }
         // Step 2: dependencies.
-        let mut missing = Vec::new();
+        let mut missing = Ids::new();
         for d in op.dependencies() {
             match self.ops.get(d) {
                 Some(Entry::Dropped { .. }) => return Judgement::Drop(Reason::RejectedDependency),
@@ -706,7 +706,7 @@ impl Engine {
                 if !kept {
                     self.forget_prior(&id, prior.as_deref(), false);
                 }
-                self.buffer(op, bytes, id, scope, kind, Vec::new(), None, now_ms, kept);
+                self.buffer(op, bytes, id, scope, kind, Ids::new(), None, now_ms, kept);
                 Outcome::NotYet(kind)
             }
         }
@@ -760,7 +760,7 @@ impl Engine {
         id: Hash,
         scope: u32,
         kind: BufKind,
-        missing: Vec<Hash>,
+        missing: Ids,
         pre: Option<Prepared>,
         now_ms: u64,
         kept: bool,

@@ -204,7 +204,7 @@ impl Engine {
             assert_eq!(delta_id_of_body(op_body(&bytes)), id, "a buffered op sits under its id");
             let scope = e.scope_idx(&op.scope_of(&id));
             e.seq = e.seq.max(seq + 1);
-            let mut missing = Vec::new();
+            let mut missing = super::buffers::Ids::new();
             if kind == BufKind::Pending {
                 for d in op.dependencies() {
                     if e.applied(d).is_none() {
