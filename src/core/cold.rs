@@ -89,20 +89,10 @@ impl IdFilter {
     /// Starts loading the lines `may_contain(id)` reads (a block may span
     /// two: the blocks are aligned to 8 bytes). Changes nothing.
     pub fn prefetch(&self, id: &Hash) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let (block, _) = self.probe(id);
-            let at = self.blocks[block].as_ptr() as *const i8;
-            // SAFETY: a prefetch has no effect on memory; `at` and its
-            // block's last byte are in bounds.
-            unsafe {
-                use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch::<_MM_HINT_T0>(at);
-                _mm_prefetch::<_MM_HINT_T0>(at.add(63));
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = id;
+        let (block, _) = self.probe(id);
+        let words = &self.blocks[block];
+        super::prefetch(&words[0]);
+        super::prefetch(&words[7]);
     }
 
     /// False: `id` was never inserted. True: it may have been.

@@ -28,39 +28,6 @@ pub enum PreAuth {
     StaleKey,
 }
 
-impl Prepared {
-    /// Keeps the opened payload of a data op (`plane`) decoded when it
-    /// decodes, else as opened: the engine then finds it undecodable
-    /// (`bad_payload`) or, for a governance op, decodes it itself.
-    pub fn open_data(&mut self, plane: u8, opened: Option<Vec<u8>>) {
-        if plane == PLANE_DATA {
-            if let Some(plain) = &opened {
-                if let Ok(p) = decode_data_payload(plain) {
-                    self.data = Some((p, plain.len()));
-                    self.opened = None;
-                    return;
-                }
-            }
-        }
-        self.opened = Some(opened);
-    }
-
-    /// Bytes of the payload held, opened or decoded (by its plaintext).
-    pub fn payload_bytes(&self) -> usize {
-        match (&self.opened, &self.data) {
-            (Some(Some(p)), _) => p.len(),
-            (_, Some((_, n))) => *n,
-            _ => 0,
-        }
-    }
-
-    /// Forgets the opened payload (the engine opens it again if needed).
-    pub fn drop_payload(&mut self) {
-        self.opened = None;
-        self.data = None;
-    }
-}
-
 pub fn authorize_at(g: &GovState, op: &Op) -> PreAuth {
     let authorized =
         matches!((op.plane, g.role(&op.author)), (PLANE_GOVERNANCE, Some(Role::Admin)) | (PLANE_DATA, Some(Role::Writer | Role::Admin)));
@@ -106,4 +73,37 @@ pub struct Prepared {
     /// A key delivery to this node: the key it seals (`Some(None)`: it
     /// does not open; `Engine::handle_key_opened`).
     pub key: Option<Option<[u8; 32]>>,
+}
+
+impl Prepared {
+    /// Keeps the opened payload of a data op (`plane`) decoded when it
+    /// decodes, else as opened: the engine then finds it undecodable
+    /// (`bad_payload`) or, for a governance op, decodes it itself.
+    pub fn open_data(&mut self, plane: u8, opened: Option<Vec<u8>>) {
+        if plane == PLANE_DATA {
+            if let Some(plain) = &opened {
+                if let Ok(p) = decode_data_payload(plain) {
+                    self.data = Some((p, plain.len()));
+                    self.opened = None;
+                    return;
+                }
+            }
+        }
+        self.opened = Some(opened);
+    }
+
+    /// Bytes of the payload held, opened or decoded (by its plaintext).
+    pub fn payload_bytes(&self) -> usize {
+        match (&self.opened, &self.data) {
+            (Some(Some(p)), _) => p.len(),
+            (_, Some((_, n))) => *n,
+            _ => 0,
+        }
+    }
+
+    /// Forgets the opened payload (the engine opens it again if needed).
+    pub fn drop_payload(&mut self) {
+        self.opened = None;
+        self.data = None;
+    }
 }

@@ -295,12 +295,7 @@ impl Smt {
         self.dirty.push(b);
         // The rehash reads this line: start the load now, overlapped with
         // the rest of the walk.
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch has no effect on memory; the address is in bounds.
-        unsafe {
-            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            _mm_prefetch::<_MM_HINT_T0>(self.kids.as_ptr().add(b as usize) as *const i8);
-        }
+        super::prefetch(&self.kids[b as usize]);
         true
     }
 
@@ -865,14 +860,9 @@ impl Smt {
                 }
                 let b = *c as usize;
                 let t = self.topo[b];
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: a prefetch has no effect on memory; the addresses are in bounds.
-                unsafe {
-                    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                    _mm_prefetch::<_MM_HINT_T0>(self.kids.as_ptr().add(b) as *const i8);
-                    if (t.seen as u16) < t.bit {
-                        _mm_prefetch::<_MM_HINT_T0>(self.paths.as_ptr().add(self.below[b] as usize) as *const i8);
-                    }
+                super::prefetch(&self.kids[b]);
+                if (t.seen as u16) < t.bit {
+                    super::prefetch(&self.paths[self.below[b] as usize]);
                 }
                 *c = if t.parent == NONE { NONE } else { t.parent & !SIDE };
                 if *c == NONE {
