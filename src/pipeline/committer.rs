@@ -1,7 +1,9 @@
 //! The committer: writes each commit as one atomic store batch (the WAL
 //! synced in durable mode), then hands it to the publisher, a thread of its
 //! own, which publishes its statuses, answers its API writes and hands it
-//! to the node's side effects, which may only follow durability.
+//! to the node's side effects, which may only follow durability. Before
+//! it, the encoder, a thread of its own too, joins each commit's parts and
+//! encodes its writes as the store's batch (`store::batch`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,14 +13,19 @@ use metrics::{counter, histogram};
 
 use super::metrics::note_age;
 use super::shards::Join;
-use super::{Committed, ConnId, PipelineState};
+use super::{Committed, ConnId, PipelineState, COMMIT_SLOTS};
 use crate::core::{Commit, IdMap, ScopeStatus, Write};
 use crate::protocol::Hash;
+use crate::store::batch::{BatchEncoder, Encoded};
 use crate::store::Store;
 
 /// A folded commit (or a shard's part of one) on its way from the
 /// projector to the committer.
 pub(super) type ToCommit = (Commit, Vec<ScopeStatus>, Vec<ConnId>, Instant);
+
+/// A joined commit and its writes as the store's batch (none for a store
+/// that encodes no batches: its writes then go to `Store::write`).
+type ToWrite = (ToCommit, Option<Encoded>);
 
 /// Commits written together at most: the ones queued when the committer
 /// takes the next go in one store batch with one WAL sync (each commit is
@@ -52,14 +59,16 @@ enum Written {
 
 /// Writes each commit whose parts `parts` joined, in commit order, those
 /// queued together (`COMMITS_PER_WRITE_MAX`); a thread of its own (the
-/// publisher, `dagfold-publish`) publishes them, in the same order.
+/// publisher, `dagfold-publish`) publishes them, in the same order, and
+/// another (the encoder, `dagfold-encoder`) joins and encodes them before.
 ///
-/// The publication (statuses into the shared map, API answers, the
-/// commit's writes freed, its events and gossip handed to the node) was
-/// 14% of the committer's thread in `causal` and 20% in `scopes_10k`
-/// (`perf record`, 2026-12-05): off the thread that writes, which is one
-/// for all scopes and caps a many-core node (ARCHITECTURE.md, "Cost per
-/// stage, and what more cores would give").
+/// The encoding (the batch built through RocksDB's C API, one call per
+/// write, and the sort of its skip-list writes) was 28% of the committer's
+/// thread in `causal` (`perf record`, 2026-12-06); the publication 14%,
+/// and 20% in `scopes_10k` (2026-12-05). Both are off the thread that
+/// writes, which is one for all scopes and caps a many-core node
+/// (ARCHITECTURE.md, "Cost per stage, and what more cores would give").
+///
 pub(super) fn run<S: Store>(
     mut store: S,
     parts: Join,
@@ -85,31 +94,59 @@ pub(super) fn run<S: Store>(
             }
         })
         .expect("spawning the publisher");
-    write_all(&mut store, parts, &shared, sync, &to_publish);
+    let encoder = store.batch_encoder();
+    let (to_write, encoded) = crossbeam_channel::bounded::<ToWrite>(COMMIT_SLOTS);
+    let encoding = std::thread::Builder::new()
+        .name("dagfold-encoder".into())
+        .spawn(move || encode_all(parts, encoder, to_write))
+        .expect("spawning the encoder");
+    write_all(&mut store, encoded, &shared, sync, &to_publish);
     drop(to_publish);
     // Every commit written is published before the committer is done; a
     // panic there (the node's side effects) ends the committer as it did
     // when they ran on its thread.
-    if let Err(p) = publisher.join() {
-        std::panic::resume_unwind(p);
+    for t in [encoding, publisher] {
+        if let Err(p) = t.join() {
+            std::panic::resume_unwind(p);
+        }
+    }
+}
+
+/// The encoder's loop: each commit joined from its parts, in commit order,
+/// its writes encoded as the store's batch when the store has an encoder.
+/// Ends when the shards are gone, or the committer.
+fn encode_all(parts: Join, encoder: Option<BatchEncoder>, to_write: crossbeam_channel::Sender<ToWrite>) {
+    while let Some(c) = parts.recv() {
+        let t = Instant::now();
+        let e = encoder.as_ref().map(|e| e.encode(&c.0.writes));
+        histogram!("dagfold_encode_seconds").record(t.elapsed().as_secs_f64());
+        if to_write.send((c, e)).is_err() {
+            return;
+        }
     }
 }
 
 /// The committer's loop (`run`): each group of commits written, then
 /// queued for the publisher.
-fn write_all<S: Store>(store: &mut S, parts: Join, shared: &PipelineState, sync: bool, to_publish: &crossbeam_channel::Sender<Written>) {
-    let mut group: Vec<ToCommit> = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
+fn write_all<S: Store>(
+    store: &mut S,
+    encoded: crossbeam_channel::Receiver<ToWrite>,
+    shared: &PipelineState,
+    sync: bool,
+    to_publish: &crossbeam_channel::Sender<Written>,
+) {
+    let mut group: Vec<ToWrite> = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
     let mut sized: Option<Instant> = None;
-    while let Some(first) = parts.recv() {
+    while let Ok(first) = encoded.recv() {
         if sized.is_none_or(|t| t.elapsed() >= TABLE_BYTES_INTERVAL) {
             sized = Some(Instant::now());
             publish_table_bytes(store);
         }
         group.push(first);
         while group.len() < COMMITS_PER_WRITE_MAX {
-            match parts.try_recv() {
-                Some(c) => group.push(c),
-                None => break,
+            match encoded.try_recv() {
+                Ok(c) => group.push(c),
+                Err(_) => break,
             }
         }
         if shared.refusing.load(Ordering::Relaxed) {
@@ -117,7 +154,7 @@ fn write_all<S: Store>(store: &mut S, parts: Join, shared: &PipelineState, sync:
             continue;
         }
         let t = Instant::now();
-        for (_, _, _, received) in &group {
+        for ((_, _, _, received), _) in &group {
             note_age("commit", *received);
         }
         if let Err(e) = write_group(store, &mut group, sync) {
@@ -129,10 +166,10 @@ fn write_all<S: Store>(store: &mut S, parts: Join, shared: &PipelineState, sync:
         histogram!("dagfold_commit_seconds").record(t.elapsed().as_secs_f64());
         histogram!("dagfold_commits_per_write").record(group.len() as f64);
         // The orderer may now answer for these commits' ops from the store.
-        let last = group.last().expect("a group holds a commit").0.number;
+        let last = group.last().expect("a group holds a commit").0 .0.number;
         shared.durable_commits.store(last + 1, Ordering::Release);
-        let next = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
-        if to_publish.send(Written::Commits(std::mem::replace(&mut group, next))).is_err() {
+        // The batches are done with: freed here, each one block.
+        if to_publish.send(Written::Commits(group.drain(..).map(|(c, _)| c).collect())).is_err() {
             return;
         }
     }
@@ -141,7 +178,7 @@ fn write_all<S: Store>(store: &mut S, parts: Join, shared: &PipelineState, sync:
 /// Commits that will never be written (the store refuses): dropped, and
 /// (by the publisher, after those written before) the answers waiting on
 /// them with them, so their writers hear the store refuses.
-fn never_written(group: &mut Vec<ToCommit>, to_publish: &crossbeam_channel::Sender<Written>) {
+fn never_written(group: &mut Vec<ToWrite>, to_publish: &crossbeam_channel::Sender<Written>) {
     group.clear();
     let _ = to_publish.send(Written::Refused);
 }
@@ -155,21 +192,26 @@ fn publish_table_bytes<S: Store>(store: &S) {
 }
 
 /// Writes the commits of `group` as one atomic batch, in order (none with
-/// no writes: an in-memory key wait is only published).
-fn write_group<S: Store>(store: &mut S, group: &mut [ToCommit], sync: bool) -> Result<(), crate::store::StoreError> {
+/// no writes: an in-memory key wait is only published): their encoded
+/// batches joined, or their writes.
+fn write_group<S: Store>(store: &mut S, group: &mut [ToWrite], sync: bool) -> Result<(), crate::store::StoreError> {
+    if group.iter().all(|(_, e)| e.is_some()) {
+        let batches: Vec<&Encoded> = group.iter().filter_map(|(_, e)| e.as_ref()).filter(|e| e.records() > 0).collect();
+        return if batches.is_empty() { Ok(()) } else { store.write_encoded(&batches, sync) };
+    }
     match group {
-        [(c, ..)] if c.writes.is_empty() => Ok(()),
-        [(c, ..)] => store.write(&c.writes, sync),
+        [((c, ..), _)] if c.writes.is_empty() => Ok(()),
+        [((c, ..), _)] => store.write(&c.writes, sync),
         _ => {
             // Moved into one list and back, in order: the store keeps the
             // later of two writes to a key.
-            let lens: Vec<usize> = group.iter().map(|(c, ..)| c.writes.len()).collect();
+            let lens: Vec<usize> = group.iter().map(|((c, ..), _)| c.writes.len()).collect();
             let mut all: Vec<Write> = Vec::with_capacity(lens.iter().sum());
-            for (c, ..) in group.iter_mut() {
+            for ((c, ..), _) in group.iter_mut() {
                 all.append(&mut c.writes);
             }
             let r = if all.is_empty() { Ok(()) } else { store.write(&all, sync) };
-            for ((c, ..), n) in group.iter_mut().zip(lens).rev() {
+            for (((c, ..), _), n) in group.iter_mut().zip(lens).rev() {
                 c.writes = all.split_off(all.len() - n);
             }
             r
@@ -319,7 +361,7 @@ mod tests {
 
     /// Commit `number`, one write and one applied op (`[number; 32]`).
     fn numbered(number: u8) -> ToCommit {
-        let mut c = commit(number as u64, vec![Write::Put(Cf::Meta, vec![number], vec![])]);
+        let (mut c, _) = commit(number as u64, vec![Write::Put(Cf::Meta, vec![number], vec![])]);
         c.0.applied = vec![([number; 32], [0; 32])];
         c.2 = vec![0];
         c
@@ -424,18 +466,26 @@ mod tests {
         assert!((0..5).all(|n| holds(&store, n)));
     }
 
-    fn commit(number: u64, writes: Vec<Write>) -> ToCommit {
-        (Commit { writes, number, ..Default::default() }, Vec::new(), Vec::new(), Instant::now())
+    fn commit(number: u64, writes: Vec<Write>) -> ToWrite {
+        ((Commit { writes, number, ..Default::default() }, Vec::new(), Vec::new(), Instant::now()), None)
+    }
+
+    fn put(k: &[u8], v: &[u8]) -> Write {
+        Write::Put(Cf::Meta, k.to_vec(), v.to_vec())
+    }
+
+    /// Three commits to write together: the later one's writes must win.
+    fn queued() -> Vec<ToWrite> {
+        vec![
+            commit(0, vec![put(b"k", b"first"), put(b"a", b"1")]),
+            commit(1, vec![]),
+            commit(2, vec![put(b"k", b"last"), Write::Delete(Cf::Meta, b"a".to_vec())]),
+        ]
     }
 
     #[test]
     fn queued_commits_are_written_in_one_batch_in_order() {
-        let put = |v: &[u8]| Write::Put(Cf::Meta, b"k".to_vec(), v.to_vec());
-        let mut group = vec![
-            commit(0, vec![put(b"first"), Write::Put(Cf::Meta, b"a".to_vec(), b"1".to_vec())]),
-            commit(1, vec![]),
-            commit(2, vec![put(b"last"), Write::Delete(Cf::Meta, b"a".to_vec())]),
-        ];
+        let mut group = queued();
         let mut store = Counting(MemStore::new(), 0);
         write_group(&mut store, &mut group, true).unwrap();
         assert_eq!(store.1, 1, "one store write for the group");
@@ -444,12 +494,30 @@ mod tests {
         assert_eq!(store.get(Cf::Meta, b"a").unwrap(), None);
         // Each commit has its own writes back (the published side effects
         // read them).
-        let lens: Vec<usize> = group.iter().map(|(c, ..)| c.writes.len()).collect();
+        let lens: Vec<usize> = group.iter().map(|((c, ..), _)| c.writes.len()).collect();
         assert_eq!(lens, [2, 0, 2]);
-        assert!(matches!(&group[2].0.writes[0], Write::Put(_, _, v) if v == b"last"));
+        assert!(matches!(&group[2].0 .0.writes[0], Write::Put(_, _, v) if v == b"last"));
         // A commit alone with nothing to write writes nothing.
         let mut empty = vec![commit(3, vec![])];
         write_group(&mut store, &mut empty, true).unwrap();
         assert_eq!(store.1, 1);
+    }
+
+    /// On RocksDB the encoder's batches of queued commits are joined into
+    /// one, in order: the later commit's writes win there too.
+    #[cfg(feature = "rocksdb-store")]
+    #[test]
+    fn queued_commits_encoded_are_written_in_one_batch_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = crate::store::rocks::RocksStore::open(dir.path()).unwrap();
+        let encoder = store.batch_encoder().expect("RocksDB's batches are encoded here");
+        let mut group = queued();
+        for ((c, ..), e) in group.iter_mut() {
+            *e = Some(encoder.encode(&c.writes));
+        }
+        write_group(&mut store, &mut group, true).unwrap();
+        assert_eq!(store.get(Cf::Meta, b"k").unwrap().as_deref(), Some(&b"last"[..]));
+        assert_eq!(store.get(Cf::Meta, b"a").unwrap(), None);
+        assert_eq!(group.iter().map(|((c, ..), _)| c.writes.len()).collect::<Vec<_>>(), [2, 0, 2], "the writes kept");
     }
 }

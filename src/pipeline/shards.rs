@@ -1,11 +1,12 @@
 //! The fold split by scope: the orderer hands each commit to the projector
-//! shards in parts, one per shard (`Split`), and the committer joins the
-//! parts of each commit back into one before it writes it (`Join`).
+//! shards in parts, one per shard (`Split`), and the committer's encoder
+//! joins the parts of each commit back into one before it is written
+//! (`Join`).
 //!
 //! A shard owns the scopes with `core::projector::shard_of(scope) == i`:
 //! their projections, convergence checks, heartbeat comparisons, drafts'
 //! roots, cells, items and scope records. Every shard gets a part of every
-//! commit, in commit order, even an empty one, and the committer takes one
+//! commit, in commit order, even an empty one, and the encoder takes one
 //! part from each shard in turn: so the parts it joins are those of one
 //! commit, with no sequence numbers to match and nothing buffered out of
 //! order. A joined commit is written whole, in one atomic batch (with the
@@ -13,9 +14,9 @@
 //! key (every key they write starts with its scope).
 //!
 //! No deadlock with bounded channels: the orderer sends commit N's parts to
-//! every shard before any part of N+1, and the committer waits for a part
+//! every shard before any part of N+1, and the encoder waits for a part
 //! of N from shard j only after taking every part before N from it, so
-//! shard j's output holds nothing the committer is not about to take.
+//! shard j's output holds nothing the encoder is not about to take.
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 
@@ -30,7 +31,8 @@ pub(super) struct Split {
     shards: Vec<Sender<ToProject>>,
 }
 
-/// The committer's side: one part from each shard in turn, joined.
+/// The committer's side (its encoder's): one part from each shard in turn,
+/// joined.
 pub(super) struct Join {
     shards: Vec<Receiver<ToCommit>>,
 }
@@ -153,15 +155,6 @@ impl Join {
         statuses.sort_unstable_by_key(|s| s.scope);
         Some((commit, statuses, conns, received))
     }
-
-    /// The next commit if every part of it is in, without waiting: each
-    /// shard's first queued part is of the same commit, the next one.
-    pub(super) fn try_recv(&self) -> Option<ToCommit> {
-        if self.shards.iter().any(|rx| rx.is_empty()) {
-            return None;
-        }
-        self.recv()
-    }
 }
 
 /// The fold stage alone, as the pipeline runs it: `commits` split by scope
@@ -235,7 +228,7 @@ mod tests {
     /// Each part holds its scopes' folds in their order, records and
     /// statuses, and the heartbeat checks and drafts' root requests at the
     /// same point of its scopes' folds; the first the rest of the commit. The join takes one part
-    /// from each shard, and without waiting only once every part is in: the
+    /// from each shard, in shard order whatever order they come in: the
     /// first part's commit with every part's writes, the statuses in scope
     /// order.
     #[test]
@@ -304,11 +297,10 @@ mod tests {
                 (commit, statuses, p.conns, p.received)
             })
             .collect();
-        assert!(join.try_recv().is_none(), "no part in yet");
+        // The parts come in any order; the commit is joined in shard order.
         io[1].tx.send(folded.pop().unwrap()).unwrap();
-        assert!(join.try_recv().is_none(), "one part of two in");
         io[0].tx.send(folded.pop().unwrap()).unwrap();
-        let (commit, statuses, conns, _) = join.try_recv().expect("both parts in");
+        let (commit, statuses, conns, _) = join.recv().expect("both parts in");
         assert_eq!(commit.writes.iter().map(|w| match w { Write::Put(_, k, _) => k[0], _ => 0 }).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!((commit.number, commit.applied.len(), conns), (7, 1, vec![9]));
         assert_eq!(statuses.iter().map(|s| s.scope).collect::<Vec<_>>(), [a, b, c]);

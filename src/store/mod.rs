@@ -5,6 +5,7 @@
 //! in-memory engine has moved past what is on disk, and only a reopen, which
 //! rebuilds the engine from disk, brings the two back together.
 
+pub mod batch;
 // A store that fails its N-th operation, for the tests and campaigns.
 #[cfg(any(test, feature = "testkit"))]
 pub mod faulty;
@@ -112,6 +113,19 @@ pub trait Store: TableScan + Send {
     /// Writes all of `writes` atomically; with `sync` the WAL is on disk
     /// before this returns.
     fn write(&mut self, writes: &[Write], sync: bool) -> Result<(), StoreError>;
+    /// An encoder of this store's batches for another thread than the
+    /// writer's (`pipeline::committer`), or none: the writes then go to
+    /// `write` as they are.
+    fn batch_encoder(&self) -> Option<batch::BatchEncoder> {
+        None
+    }
+    /// Writes batches made by this store's `batch_encoder`, in order, as
+    /// one atomic batch; with `sync` the WAL is on disk before this
+    /// returns. A store without an encoder takes none.
+    fn write_encoded(&mut self, batches: &[&batch::Encoded], sync: bool) -> Result<(), StoreError> {
+        let _ = (batches, sync);
+        Err(StoreError::Refusing("this store encodes no batches".into()))
+    }
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Bytes on disk (0 for the in-memory model).
     fn disk_bytes(&self) -> u64 {

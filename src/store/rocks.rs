@@ -7,6 +7,7 @@ use std::sync::Arc;
 use metrics::histogram;
 use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
 
+use super::batch::{in_batch_order, read_varint32, BatchEncoder, Encoded, HEADER_BYTES, TAG_PUT};
 use super::{Store, StoreError};
 use crate::core::{Cf, TableScan, Write};
 
@@ -14,6 +15,9 @@ pub struct RocksStore {
     db: Arc<DB>,
     failed: Option<String>,
     path: std::path::PathBuf,
+    /// The batches encoded in Rust (`store::batch`), checked against
+    /// RocksDB's own encoding at open; none if they differ.
+    encoder: Option<BatchEncoder>,
 }
 
 impl RocksStore {
@@ -131,7 +135,11 @@ impl RocksStore {
         lower_flush_priority();
         // A damaged table is found by the restore's read of it
         // (`TableScan::scan`, `StoreError::Scan` with `Corrupt`'s message).
-        let mut store = RocksStore { db: Arc::new(db), failed: None, path: path.to_path_buf() };
+        let encoder = checked_encoder(&db);
+        if encoder.is_none() {
+            eprintln!("dagfold: RocksDB encodes its write batches unlike store::batch; batches are built through its C API");
+        }
+        let mut store = RocksStore { db: Arc::new(db), failed: None, path: path.to_path_buf(), encoder };
         super::check_format(&mut store, path)?;
         Ok(store)
     }
@@ -156,6 +164,32 @@ impl RocksStore {
 }
 
 impl RocksStore {
+    /// Writes `batch`; a failure makes the store refuse every later write.
+    fn write_batch(&mut self, batch: WriteBatch, sync: bool) -> Result<(), StoreError> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        // The WAL's share of the write (append and, when syncing, the
+        // fdatasync), from RocksDB's per-thread perf context: a commit is
+        // slow either here (the disk) or in the memtable (CPU). On this
+        // machine kind a sync now and then takes 100–400 ms where it
+        // usually takes ~1 ms, and the whole pipeline waits behind it
+        // (ARCHITECTURE.md, "Latency at half rate").
+        rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::EnableTime);
+        let mut perf = rocksdb::perf::PerfContext::default();
+        perf.reset();
+        let written = self.db.write_opt(batch, &wo);
+        let wal_ns = perf.metric(rocksdb::perf::PerfMetric::WriteWalTime);
+        let memtable_ns = perf.metric(rocksdb::perf::PerfMetric::WriteMemtableTime);
+        rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::Disable);
+        histogram!("dagfold_store_wal_seconds").record(wal_ns as f64 / 1e9);
+        histogram!("dagfold_store_memtable_seconds").record(memtable_ns as f64 / 1e9);
+        if let Err(e) = written {
+            self.failed = Some(e.to_string());
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
     /// A read error of the restore's scan, with `corrupt_or`'s message.
     fn scan_failed(&self, e: rocksdb::Error) -> crate::core::ScanFailed {
         crate::core::ScanFailed(corrupt_or(&self.path, e).to_string())
@@ -206,6 +240,46 @@ fn op_ids_with_prefix(
     }
     it.status()?;
     Ok(out)
+}
+
+/// The encoder of `store::batch` with each table's column family id, read
+/// from RocksDB's own encoding of a put into it, if it encodes puts and
+/// deletes of every table, short and long, as RocksDB does; else none.
+fn checked_encoder(db: &DB) -> Option<BatchEncoder> {
+    let handle = |cf: Cf| db.cf_handle(cf.name()).expect("every column family is opened");
+    let mut ids = [0u32; Cf::ALL.len()];
+    for (i, cf) in Cf::ALL.iter().enumerate() {
+        let mut b = WriteBatch::default();
+        b.put_cf(handle(*cf), b"", b"");
+        let d = b.data();
+        if d.len() <= HEADER_BYTES + 1 || d[HEADER_BYTES] != TAG_PUT {
+            return None;
+        }
+        ids[i] = read_varint32(&d[HEADER_BYTES + 1..])?.0;
+    }
+    let encoder = BatchEncoder::new(ids, uses_skip_list);
+    let mut sample = Vec::new();
+    for cf in Cf::ALL {
+        for (k, v) in [(0, 0), (1, 127), (200, 128), (32, 20_000)] {
+            sample.push(Write::Put(cf, vec![k as u8; k], vec![v as u8; v]));
+            sample.push(Write::Delete(cf, vec![v as u8; k]));
+        }
+    }
+    let ours = encoder.encode_in_order(sample.iter(), sample.len());
+    (ours.bytes() == rocksdb_batch(db, sample.iter(), 0).data()).then_some(encoder)
+}
+
+/// `writes` as a batch built through RocksDB's C API, in the order given.
+fn rocksdb_batch<'a>(db: &DB, writes: impl Iterator<Item = &'a Write>, bytes: usize) -> WriteBatch {
+    let handle = |cf: Cf| db.cf_handle(cf.name()).expect("every column family is opened");
+    let mut batch = WriteBatch::with_capacity_bytes(bytes);
+    for w in writes {
+        match w {
+            Write::Put(cf, k, v) => batch.put_cf(handle(*cf), k, v),
+            Write::Delete(cf, k) => batch.delete_cf(handle(*cf), k),
+        }
+    }
+    batch
 }
 
 /// The column families read while the node runs keep RocksDB's skip-list
@@ -295,12 +369,6 @@ pub fn lower_flush_priority() -> usize {
     0
 }
 
-fn cf_and_key(w: &Write) -> (u8, &[u8]) {
-    match w {
-        Write::Put(cf, k, _) | Write::Delete(cf, k) => (*cf as u8, k.as_slice()),
-    }
-}
-
 impl TableScan for RocksStore {
     fn scan(&self, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), crate::core::ScanFailed> {
         // A block failing its checksum: `StoreError::Corrupt`, whose
@@ -321,9 +389,13 @@ impl Store for RocksStore {
         if let Some(why) = &self.failed {
             return Err(StoreError::Refusing(why.clone()));
         }
-        // Sized up front: grown by doubling, the batch's buffer was copied
-        // again at each step and landed on fresh pages (the page zeroing of
-        // those reallocations was an eighth of the committer, shuffled).
+        if let Some(e) = &self.encoder {
+            let b = e.encode(writes);
+            return self.write_encoded(&[&b], sync);
+        }
+        // RocksDB's encoding differs from `store::batch`'s (found at open):
+        // the batch built through its C API, in the same order, sized up
+        // front (grown by doubling, its buffer was copied at each step).
         let bytes: usize = writes
             .iter()
             .map(|w| match w {
@@ -331,54 +403,38 @@ impl Store for RocksStore {
                 Write::Delete(_, k) => k.len() + 8,
             })
             .sum();
-        let mut batch = WriteBatch::with_capacity_bytes(bytes + 64);
-        let mut per_cf = [0u64; Cf::ALL.len()];
         for w in writes {
-            per_cf[cf_and_key(w).0 as usize] += 1;
+            let (Write::Put(cf, ..) | Write::Delete(cf, _)) = w;
+            metrics::counter!("dagfold_store_writes_total", "cf" => cf.name()).increment(1);
         }
-        for (i, n) in per_cf.iter().enumerate() {
-            if *n > 0 {
-                metrics::counter!("dagfold_store_writes_total", "cf" => Cf::ALL[i].name()).increment(*n);
+        let batch = rocksdb_batch(&self.db, in_batch_order(writes, uses_skip_list).into_iter(), bytes + 64);
+        self.write_batch(batch, sync)
+    }
+
+    fn batch_encoder(&self) -> Option<BatchEncoder> {
+        self.encoder.clone()
+    }
+
+    fn write_encoded(&mut self, batches: &[&Encoded], sync: bool) -> Result<(), StoreError> {
+        if let Some(why) = &self.failed {
+            return Err(StoreError::Refusing(why.clone()));
+        }
+        let mut per_table = [0u64; Cf::ALL.len()];
+        for b in batches {
+            for (n, m) in per_table.iter_mut().zip(b.per_table()) {
+                *n += u64::from(*m);
             }
         }
-        // Inserting in key order keeps each skip list's search path in cache
-        // (the profile names FindSpliceForLevel); a vector memtable sorts
-        // once at flush, so only skip-list writes are sorted (out of order,
-        // buffer records and cells are most of the writes, and sorting them
-        // all, the sort and its memcmp, was up to 15% of the committer). The
-        // partition and the sort are stable: writes to one key keep their
-        // order.
-        let (mut sorted, rest): (Vec<&Write>, Vec<&Write>) =
-            writes.iter().partition(|w| uses_skip_list(Cf::ALL[cf_and_key(w).0 as usize]));
-        sorted.sort_by(|a, b| cf_and_key(a).cmp(&cf_and_key(b)));
-        for w in rest.into_iter().chain(sorted) {
-            match w {
-                Write::Put(cf, k, v) => batch.put_cf(self.cf(*cf), k, v),
-                Write::Delete(cf, k) => batch.delete_cf(self.cf(*cf), k),
+        for (cf, n) in Cf::ALL.iter().zip(per_table) {
+            if n > 0 {
+                metrics::counter!("dagfold_store_writes_total", "cf" => cf.name()).increment(n);
             }
         }
-        let mut wo = WriteOptions::default();
-        wo.set_sync(sync);
-        // The WAL's share of the write (append and, when syncing, the
-        // fdatasync), from RocksDB's per-thread perf context: a commit is
-        // slow either here (the disk) or in the memtable (CPU). On this
-        // machine kind a sync now and then takes 100–400 ms where it
-        // usually takes ~1 ms, and the whole pipeline waits behind it
-        // (ARCHITECTURE.md, "Latency at half rate").
-        rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::EnableTime);
-        let mut perf = rocksdb::perf::PerfContext::default();
-        perf.reset();
-        let written = self.db.write_opt(batch, &wo);
-        let wal_ns = perf.metric(rocksdb::perf::PerfMetric::WriteWalTime);
-        let memtable_ns = perf.metric(rocksdb::perf::PerfMetric::WriteMemtableTime);
-        rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::Disable);
-        histogram!("dagfold_store_wal_seconds").record(wal_ns as f64 / 1e9);
-        histogram!("dagfold_store_memtable_seconds").record(memtable_ns as f64 / 1e9);
-        if let Err(e) = written {
-            self.failed = Some(e.to_string());
-            return Err(e.into());
-        }
-        Ok(())
+        let batch = match batches {
+            [b] => WriteBatch::from_data(b.bytes()),
+            _ => WriteBatch::from_data(&super::batch::join(batches)),
+        };
+        self.write_batch(batch, sync)
     }
 
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -509,5 +565,64 @@ impl StoreReader {
         }
         it.status()?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn random_writes(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<Write> {
+        (0..n)
+            .map(|_| {
+                let cf = Cf::ALL[rng.gen_range(0..Cf::ALL.len())];
+                // Few distinct keys, so that writes to one key meet.
+                let key: Vec<u8> = vec![rng.gen_range(0..4u8); [0, 1, 32, 200][rng.gen_range(0..4)]];
+                match rng.gen_range(0..4) {
+                    0 => Write::Delete(cf, key),
+                    _ => Write::Put(cf, key, vec![rng.gen(); [0, 5, 127, 128, 20_000][rng.gen_range(0..5)]]),
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_encoder_encodes_as_rocksdb_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksStore::open(dir.path()).unwrap();
+        let encoder = store.batch_encoder().expect("the encoder passed its check at open");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for n in [0, 1, 2, 50, 400] {
+            let writes = random_writes(&mut rng, n);
+            let order = in_batch_order(&writes, uses_skip_list);
+            let theirs = rocksdb_batch(&store.db, order.into_iter(), 0);
+            assert_eq!(encoder.encode(&writes).bytes(), theirs.data(), "{n} writes");
+        }
+    }
+
+    /// Batches encoded apart and written together leave what their writes,
+    /// in order, say: a later write to a key wins, within a batch and
+    /// across them.
+    #[test]
+    fn encoded_batches_written_together_are_their_writes_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = RocksStore::open(dir.path()).unwrap();
+        let encoder = store.batch_encoder().unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+        let parts: Vec<Vec<Write>> = (0..4).map(|i| random_writes(&mut rng, 30 * i)).collect();
+        let encoded: Vec<Encoded> = parts.iter().map(|p| encoder.encode(p)).collect();
+        store.write_encoded(&encoded.iter().collect::<Vec<_>>(), true).unwrap();
+        let mut want: std::collections::HashMap<(u8, Vec<u8>), Option<Vec<u8>>> = Default::default();
+        for w in parts.iter().flatten() {
+            match w {
+                Write::Put(cf, k, v) => want.insert((*cf as u8, k.clone()), Some(v.clone())),
+                Write::Delete(cf, k) => want.insert((*cf as u8, k.clone()), None),
+            };
+        }
+        assert!(want.values().any(Option::is_some) && want.values().any(Option::is_none));
+        for ((cf, k), v) in want {
+            assert_eq!(store.get(Cf::ALL[cf as usize], &k).unwrap(), v);
+        }
     }
 }
