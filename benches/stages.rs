@@ -230,8 +230,8 @@ fn engine_on_rocksdb(c: &mut Criterion) {
     g.finish();
 }
 
-/// The commit stage alone (`pipeline::commit_stage`: the committer and its
-/// publisher, as the node runs them) over the commits the engine makes of
+/// The commit stage alone (`pipeline::commit_stage`: the encoder, the
+/// committer and its publisher, as the node runs them) over the commits the engine makes of
 /// 100,000 causal data ops (4 writers, one scope) in groups of 1,024
 /// frames, each with its scope's status, written to RocksDB with the WAL
 /// synced: the committer's own rate, the cap one committer thread puts on

@@ -286,7 +286,7 @@ fn answer_own_ops(shared: &PipelineState, number: u64) {
 }
 
 /// The commit stage alone, as the pipeline runs it: `commits` handed to
-/// the committer through the join (one shard), written to `store` (the
+/// the encoder through the join (one shard), written to `store` (the
 /// WAL synced if `sync`), and published by the publisher; returns the ops
 /// the publisher handed on once every commit is published. For the stage
 /// benchmark (`benches/stages.rs`, "commit stage"): the committer's own
