@@ -68,7 +68,6 @@ enum Written {
 /// and 20% in `scopes_10k` (2026-12-05). Both are off the thread that
 /// writes, which is one for all scopes and caps a many-core node
 /// (ARCHITECTURE.md, "Cost per stage, and what more cores would give").
-///
 pub(super) fn run<S: Store>(
     mut store: S,
     parts: Join,
