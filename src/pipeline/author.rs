@@ -124,7 +124,9 @@ impl Composer {
 
 /// The op of `draft` by `author` at `hlc`, its payload `plain` sealed with
 /// the draft's key under a fresh random nonce (SPEC §4, from the thread's
-/// CSPRNG), signed (`sign`): its id, the op and its encoding.
+/// CSPRNG), signed (`sign`): its id, the op and its encoding. For the
+/// node's governance writes (`node::author`).
+#[cfg(feature = "rocksdb-store")]
 pub(crate) fn compose(
     signer: &crate::protocol::sig::Signer,
     verified: &super::verified::VerifiedCache,
@@ -163,6 +165,7 @@ fn seal(author: crate::protocol::PublicKey, draft: &crate::core::Draft, hlc: u64
 
 /// Signs `op` in place with the node's key; its encoding and id
 /// (`sign_all`).
+#[cfg(feature = "rocksdb-store")]
 pub(crate) fn sign(
     signer: &crate::protocol::sig::Signer,
     verified: &super::verified::VerifiedCache,

@@ -76,6 +76,7 @@ use crate::store::Store;
 pub use committer::commit_stage;
 #[cfg(feature = "testkit")]
 pub use shards::fold_stage;
+#[cfg(feature = "rocksdb-store")]
 pub(crate) use author::{compose, sign};
 
 /// The connection a message came in on: a transport connection id, 0 for
