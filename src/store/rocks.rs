@@ -145,7 +145,7 @@ impl RocksStore {
     }
 
     fn cf(&self, cf: Cf) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(cf.name()).expect("every column family is opened")
+        handle(&self.db, cf)
     }
 
     /// A read handle that other threads may use while this store writes
@@ -209,14 +209,14 @@ fn corrupt_or(path: &Path, e: rocksdb::Error) -> StoreError {
 /// references looked up with one iterator, made for its first, in
 /// ascending order as the parents are (`core::oprecord`).
 fn op_as_signed(db: &DB, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, StoreError> {
-    let h = db.cf_handle(Cf::Ops.name()).expect("every column family is opened");
+    let h = handle(db, Cf::Ops);
     let Some(record) = db.get_cf(h, id)? else { return Ok(None) };
     let mut it = None;
     super::op_as_signed(id, record, |p, max| op_ids_with_prefix(it.get_or_insert_with(|| ops_iterator(db)), p, max)).map(Some)
 }
 
 fn ops_iterator(db: &DB) -> rocksdb::DBRawIteratorWithThreadMode<'_, DB> {
-    db.raw_iterator_cf(db.cf_handle(Cf::Ops.name()).expect("every column family is opened"))
+    db.raw_iterator_cf(handle(db, Cf::Ops))
 }
 
 /// The ids in the ops table starting with `prefix`, at most `max`: a
@@ -242,15 +242,29 @@ fn op_ids_with_prefix(
     Ok(out)
 }
 
+/// The column family of `cf`, opened with the database.
+fn handle(db: &DB, cf: Cf) -> &rocksdb::ColumnFamily {
+    db.cf_handle(cf.name()).expect("every column family is opened")
+}
+
+/// Counts a batch's writes per table (`dagfold_store_writes_total`), in the
+/// order of `Cf::ALL`.
+fn count_writes(per_table: [u64; Cf::ALL.len()]) {
+    for (cf, n) in Cf::ALL.iter().zip(per_table) {
+        if n > 0 {
+            metrics::counter!("dagfold_store_writes_total", "cf" => cf.name()).increment(n);
+        }
+    }
+}
+
 /// The encoder of `store::batch` with each table's column family id, read
 /// from RocksDB's own encoding of a put into it, if it encodes puts and
 /// deletes of every table, short and long, as RocksDB does; else none.
 fn checked_encoder(db: &DB) -> Option<BatchEncoder> {
-    let handle = |cf: Cf| db.cf_handle(cf.name()).expect("every column family is opened");
     let mut ids = [0u32; Cf::ALL.len()];
     for (i, cf) in Cf::ALL.iter().enumerate() {
         let mut b = WriteBatch::default();
-        b.put_cf(handle(*cf), b"", b"");
+        b.put_cf(handle(db, *cf), b"", b"");
         let d = b.data();
         if d.len() <= HEADER_BYTES + 1 || d[HEADER_BYTES] != TAG_PUT {
             return None;
@@ -271,12 +285,11 @@ fn checked_encoder(db: &DB) -> Option<BatchEncoder> {
 
 /// `writes` as a batch built through RocksDB's C API, in the order given.
 fn rocksdb_batch<'a>(db: &DB, writes: impl Iterator<Item = &'a Write>, bytes: usize) -> WriteBatch {
-    let handle = |cf: Cf| db.cf_handle(cf.name()).expect("every column family is opened");
     let mut batch = WriteBatch::with_capacity_bytes(bytes);
     for w in writes {
         match w {
-            Write::Put(cf, k, v) => batch.put_cf(handle(*cf), k, v),
-            Write::Delete(cf, k) => batch.delete_cf(handle(*cf), k),
+            Write::Put(cf, k, v) => batch.put_cf(handle(db, *cf), k, v),
+            Write::Delete(cf, k) => batch.delete_cf(handle(db, *cf), k),
         }
     }
     batch
@@ -341,7 +354,7 @@ fn scan_table(db: &DB, cf: Cf, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), ro
     let mut opts = rocksdb::ReadOptions::default();
     opts.fill_cache(false);
     opts.set_readahead_size(SCAN_READAHEAD_BYTES);
-    let mut it = db.raw_iterator_cf_opt(db.cf_handle(cf.name()).expect("every column family is opened"), opts);
+    let mut it = db.raw_iterator_cf_opt(handle(db, cf), opts);
     it.seek_to_first();
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
         f(k, v);
@@ -403,10 +416,12 @@ impl Store for RocksStore {
                 Write::Delete(_, k) => k.len() + 8,
             })
             .sum();
+        let mut per_table = [0u64; Cf::ALL.len()];
         for w in writes {
             let (Write::Put(cf, ..) | Write::Delete(cf, _)) = w;
-            metrics::counter!("dagfold_store_writes_total", "cf" => cf.name()).increment(1);
+            per_table[*cf as usize] += 1;
         }
+        count_writes(per_table);
         let batch = rocksdb_batch(&self.db, in_batch_order(writes, uses_skip_list).into_iter(), bytes + 64);
         self.write_batch(batch, sync)
     }
@@ -425,11 +440,7 @@ impl Store for RocksStore {
                 *n += u64::from(*m);
             }
         }
-        for (cf, n) in Cf::ALL.iter().zip(per_table) {
-            if n > 0 {
-                metrics::counter!("dagfold_store_writes_total", "cf" => cf.name()).increment(n);
-            }
-        }
+        count_writes(per_table);
         let batch = match batches {
             [b] => WriteBatch::from_data(b.bytes()),
             _ => WriteBatch::from_data(&super::batch::join(batches)),
@@ -489,7 +500,7 @@ pub struct StoreReader {
 impl StoreReader {
 
     pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        let h = self.db.cf_handle(cf.name()).expect("every column family is opened");
+        let h = handle(&self.db, cf);
         Ok(self.db.get_cf(h, key)?)
     }
 
@@ -502,7 +513,7 @@ impl StoreReader {
     /// `prefix ‖ after` (from the first with `None`), in key order, at most
     /// `max`, each key without its prefix.
     pub fn records_after(&self, cf: Cf, prefix: &[u8], after: Option<&[u8]>, max: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
-        let h = self.db.cf_handle(cf.name()).expect("every column family is opened");
+        let h = handle(&self.db, cf);
         let mut it = self.db.raw_iterator_cf(h);
         let start = [prefix, after.unwrap_or_default()].concat();
         it.seek(&start);
@@ -532,7 +543,7 @@ impl StoreReader {
     /// `max`, each as op ‖ borsh(Event). The log holds one record per commit
     /// and scope (`core::Cf::Events`): start at the record holding `from`.
     pub fn events(&self, scope: &[u8; 32], from: u64, to: u64, max: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-        let h = self.db.cf_handle(Cf::Events.name()).expect("every column family is opened");
+        let h = handle(&self.db, Cf::Events);
         let start = [scope.as_slice(), &from.to_be_bytes()].concat();
         let mut it = self.db.raw_iterator_cf(h);
         it.seek_for_prev(&start);
