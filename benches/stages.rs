@@ -305,7 +305,9 @@ const SHARDED_COMMIT_OPS: usize = 1_024;
 /// shard threads and join) over 128 scopes × 1,000 honest data ops (4
 /// writers each, their ops interleaved across scopes, commits of 1,024
 /// ops), in one shard and in two, each on its own thread: ops/s of each,
-/// whose ratio is what a second core gives the fold (issue 23: ≥ 1.7).
+/// whose ratio is what a second core gives the fold (issue 23: ≥ 1.7);
+/// and in one shard whose cells and trees are two threads
+/// (`--projector-split`), what a second core gives one scope.
 fn fold_shards(c: &mut Criterion) {
     // Made once, and only when a benchmark of the group runs (the filter).
     let made = std::cell::OnceCell::new();
@@ -314,9 +316,10 @@ fn fold_shards(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(20));
     g.throughput(Throughput::Elements(SHARDED_SCOPES * SHARDED_OPS_PER_SCOPE as u64));
     let mut writes_of = Vec::new();
-    for shards in [1usize, 2] {
+    for (shards, split) in [(1usize, false), (2, false), (1, true)] {
         let mut writes = 0usize;
-        g.bench_function(format!("{SHARDED_SCOPES} scopes, {shards} shard(s)"), |b| {
+        let name = if split { format!("{SHARDED_SCOPES} scopes, {shards} shard(s) in two threads") } else { format!("{SHARDED_SCOPES} scopes, {shards} shard(s)") };
+        g.bench_function(name, |b| {
             let commits = &made.get_or_init(sharded_workload).commits;
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
@@ -330,7 +333,7 @@ fn fold_shards(c: &mut Criterion) {
                         .collect();
                     writes = 0;
                     let t = Instant::now();
-                    dagfold::pipeline::fold_stage(Projector::default().split(shards), input, |c, _| writes += c.writes.len());
+                    dagfold::pipeline::fold_stage(Projector::default().split(shards), split, input, |c, _| writes += c.writes.len());
                     total += t.elapsed();
                 }
                 total

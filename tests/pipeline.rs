@@ -180,7 +180,7 @@ struct Run {
     batches: Vec<Vec<dagfold::core::Write>>,
 }
 
-fn run_with_shards(shards: usize, id: &Identity, input: &[Work2]) -> Run {
+fn run_with_shards(shards: usize, split: bool, id: &Identity, input: &[Work2]) -> Run {
     use dagfold::core::Cf;
     let store = Recorded::default();
     let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -188,7 +188,14 @@ fn run_with_shards(shards: usize, id: &Identity, input: &[Work2]) -> Run {
     let on_durable = Box::new(move |d: dagfold::pipeline::Committed| ev.lock().unwrap().extend(d.events.into_iter().map(|e| (e.scope, e.seq, e.op))));
     // Small commits (a commit holds whole verifier batches), so that many
     // commits each hold ops of many scopes.
-    let cfg = PipelineConfig { applied_bytes: false, projector_shards: shards, verify_batch_max: 16, commit_ops_max: 32, ..Default::default() };
+    let cfg = PipelineConfig {
+        applied_bytes: false,
+        projector_shards: shards,
+        projector_split: split,
+        verify_batch_max: 16,
+        commit_ops_max: 32,
+        ..Default::default()
+    };
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), id.clone()), store.clone(), rx, on_durable);
     for w in input {
@@ -219,8 +226,10 @@ enum Work2 {
 }
 
 /// Issue 23: the fold split by scope into shards stores and publishes what
-/// one projector does. Twelve scopes' ops interleaved, through 1 and 3
-/// projector shards: the same tables (cells, items, scope records with
+/// one projector does, and so does a shard in two threads (the cells'
+/// fold, then the trees: `--projector-split`). Twelve scopes' ops
+/// interleaved, through 1 projector shard in one thread, 1 in two, and 3
+/// in two each: the same tables (cells, items, scope records with
 /// their divergence counts, ops), events and published roots (each the
 /// author's final root); heartbeats compared at their point of the input
 /// (mid-way through a scope, its next ops and other scopes' around them,
@@ -264,12 +273,16 @@ fn projector_shards_store_and_publish_what_one_projector_does() {
             }
         }
     }
-    let one = run_with_shards(1, &id, &input);
-    let three = run_with_shards(3, &id, &input);
-    assert!(one.tables == three.tables, "the same tables");
-    assert_eq!(one.events, three.events);
+    let one = run_with_shards(1, false, &id, &input);
+    let split = run_with_shards(1, true, &id, &input);
+    let three = run_with_shards(3, true, &id, &input);
+    for (other, name) in [(&split, "one shard in two threads"), (&three, "three shards in two threads each")] {
+        assert!(one.tables == other.tables, "{name}: the same tables");
+        assert_eq!(one.events, other.events, "{name}");
+        assert_eq!(one.roots, other.roots, "{name}");
+        assert_eq!(other.heartbeat_divergences, 1, "{name}");
+    }
     assert_eq!(one.events.len(), 12 * 120);
-    assert_eq!(one.roots, three.roots);
     let mut want: Vec<_> = ws.iter().map(|w| (w.scope, w.final_root)).collect();
     want.sort();
     assert_eq!(three.roots, want, "the authors' roots");

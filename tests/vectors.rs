@@ -113,16 +113,18 @@ impl Store for SharedStore {
 /// comparison with the store: their wait is in memory, and only those
 /// woken from a pending wait keep a record, which a restore judges again
 /// (into a key wait once more, with the key still missing). With one
-/// projector and with the fold split into three shards by scope.
+/// projector thread, with one shard in two threads (the cells' fold, then
+/// the trees), and with the fold split into three shards by scope, two
+/// threads each.
 #[test]
 fn scenarios_through_the_pipeline() {
-    for (path, shards) in scenario_files().into_iter().flat_map(|p| [(p.clone(), 1), (p, 3)]) {
+    for (path, shards, split) in scenario_files().into_iter().flat_map(|p| [(p.clone(), 1, false), (p.clone(), 1, true), (p, 3, true)]) {
         let scn = load_json(path.strip_prefix(vectors_dir()).unwrap().to_str().unwrap());
-        let name = format!("{} ({shards} projector shards)", scn["name"].as_str().unwrap());
+        let name = format!("{} ({shards} projector shards, split {split})", scn["name"].as_str().unwrap());
         let store = SharedStore::default();
         let events = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = tokio::sync::mpsc::channel(4096);
-        let cfg = PipelineConfig { applied_bytes: false, projector_shards: shards, ..Default::default() };
+        let cfg = PipelineConfig { applied_bytes: false, projector_shards: shards, projector_split: split, ..Default::default() };
         let ev = events.clone();
         let on_durable = Box::new(move |d: dagfold::pipeline::Committed| ev.lock().unwrap().extend(d.events));
         let pipeline = Pipeline::start(cfg, Engine::new(Config::default(), node_identity(&scn)), store.clone(), rx, on_durable);

@@ -1,6 +1,13 @@
 //! The fold of SPEC §8: cells with an LWW register and a counter, and the
 //! scope root over them (`smt`).
-
+//!
+//! The two halves can run apart: `Cells` folds the actions and says which
+//! leaves change (`LeafChange`), and the tree (`Smt`) is told them in
+//! order (`set_leaves`), so that the node's projector can fold a commit's
+//! cells on one thread while another computes its roots
+//! (`core::projector`). `Projection` is the two together, for whoever
+//! wants one scope's projection in one place (the workload generator, the
+//! tests).
 
 use super::smt::{LeafId, Smt};
 use crate::protocol::crypto::{cell_leaf, cell_path};
@@ -17,17 +24,42 @@ pub struct CellSlot {
 /// Paths a scope keeps room for between commits, at most.
 const CHANGED_KEPT_MAX: usize = 256;
 
+/// A leaf the tree is to set, as the fold of the cells made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeafChange {
+    /// The leaf's id in the tree. A new cell's is the number of cells
+    /// before it (the tree numbers its leaves in insertion order, and
+    /// cells are never removed), so the cells know it without the tree.
+    pub leaf: LeafId,
+    /// A new cell: the tree inserts its leaf at `path`.
+    pub new: bool,
+    pub path: Hash,
+    pub hash: Hash,
+}
+
+/// Sets the leaves of `changes` in the tree, in order.
+pub fn set_leaves(smt: &mut Smt, changes: &[LeafChange]) {
+    for c in changes {
+        if c.new {
+            let leaf = smt.insert(c.path, c.hash);
+            assert_eq!(leaf, c.leaf, "a new cell's leaf is the number of cells before it");
+        } else {
+            smt.update(c.leaf, c.hash);
+        }
+    }
+}
+
+/// A scope's cells, without the tree.
 #[derive(Default)]
-pub struct Projection {
+pub struct Cells {
     cells: super::IdMap<Hash, CellSlot>,
-    smt: Smt,
     /// Paths changed since the last `take_changed`, for the commit.
     changed: Vec<Hash>,
     /// Of those, the cells created (their index records are written once).
     created: Vec<Hash>,
 }
 
-impl Projection {
+impl Cells {
     pub fn len(&self) -> usize {
         self.cells.len()
     }
@@ -40,14 +72,16 @@ impl Projection {
         self.cells.get(path)
     }
 
-    pub fn cells(&self) -> impl Iterator<Item = (&Hash, &CellSlot)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&Hash, &CellSlot)> {
         self.cells.iter()
     }
 
-    /// Folds the actions of one data op. Leaf hashes are refreshed here, once
-    /// per touched cell; the tree is rehashed lazily by `root`.
-    pub fn apply(&mut self, hlc: u64, author: &PublicKey, actions: &[Action]) {
+    /// Folds the actions of one data op, and adds the leaves they change to
+    /// `leaves`, each once, by path: leaf hashes are computed here, once
+    /// per touched cell; the tree is rehashed lazily, by whoever holds it.
+    pub fn apply(&mut self, hlc: u64, author: &PublicKey, actions: &[Action], leaves: &mut Vec<LeafChange>) {
         let mut touched: Vec<Hash> = Vec::with_capacity(actions.len());
+        let before = self.cells.len() as LeafId;
         for (index, action) in actions.iter().enumerate() {
             let (entity, key) = action.cell();
             let path = cell_path(entity, key);
@@ -55,7 +89,7 @@ impl Projection {
                 entity: entity.to_owned(),
                 key: key.to_vec(),
                 cell: Cell::default(),
-                leaf: u32::MAX,
+                leaf: LeafId::MAX,
             });
             fold_action(&mut slot.cell, hlc, author, index as u32, action);
             touched.push(path);
@@ -63,24 +97,25 @@ impl Projection {
         // Sort + dedup keeps a payload of thousands of actions on one cell linear-ish.
         touched.sort_unstable();
         touched.dedup();
+        let mut next = before;
         for path in &touched {
             let slot = self.cells.get_mut(path).expect("touched cell exists");
-            let leaf = cell_leaf(path, &slot.cell);
-            if slot.leaf == u32::MAX {
+            let hash = cell_leaf(path, &slot.cell);
+            let new = slot.leaf == LeafId::MAX;
+            if new {
                 self.created.push(*path);
-                slot.leaf = self.smt.insert(*path, leaf);
-            } else {
-                self.smt.update(slot.leaf, leaf);
+                slot.leaf = next;
+                next += 1;
             }
+            leaves.push(LeafChange { leaf: slot.leaf, new, path: *path, hash });
         }
         self.changed.extend(touched);
     }
 
-    /// The scope root after the actions of one data op were folded as
-    /// `apply` folds them, without folding them: they are folded into
-    /// copies of the cells they touch, and the tree is asked for the root
-    /// with those cells' leaves (`Smt::root_with`). Changes no cell.
-    pub fn root_after(&mut self, hlc: u64, author: &PublicKey, actions: &[Action]) -> Hash {
+    /// The leaves the actions of one data op would set, folded as `apply`
+    /// folds them into copies of the cells they touch: the cells are left
+    /// as they are (`Smt::root_with` of these is the root after the op).
+    pub fn leaves_after(&self, hlc: u64, author: &PublicKey, actions: &[Action]) -> Vec<(Hash, Hash)> {
         let mut copies: super::IdMap<Hash, Cell> = super::IdMap::default();
         for (index, action) in actions.iter().enumerate() {
             let (entity, key) = action.cell();
@@ -88,23 +123,7 @@ impl Projection {
             let cell = copies.entry(path).or_insert_with(|| self.cells.get(&path).map(|slot| slot.cell.clone()).unwrap_or_default());
             fold_action(cell, hlc, author, index as u32, action);
         }
-        let leaves: Vec<(Hash, Hash)> = copies.iter().map(|(path, cell)| (*path, cell_leaf(path, cell))).collect();
-        self.smt.root_with(&leaves)
-    }
-
-    /// The scope root of §8.
-    pub fn root(&mut self) -> Hash {
-        self.smt.root()
-    }
-
-    /// Asks for the root of the current state (see `Smt::checkpoint`).
-    pub fn checkpoint(&mut self) {
-        self.smt.checkpoint();
-    }
-
-    /// The roots of the checkpoints since the last call, in order.
-    pub fn take_checkpoint_roots(&mut self, out: &mut Vec<Hash>) {
-        self.smt.take_checkpoint_roots(out);
+        copies.iter().map(|(path, cell)| (*path, cell_leaf(path, cell))).collect()
     }
 
     /// The commit's writes of the cells changed since the last
@@ -130,11 +149,71 @@ impl Projection {
         out
     }
 
+    /// Restores a cell read back from the store (no fold is re-run): its
+    /// leaf, for the tree.
+    pub fn restore(&mut self, path: Hash, entity: String, key: Vec<u8>, cell: Cell) -> LeafChange {
+        assert_eq!(cell_path(&entity, &key), path, "a stored cell sits at its own path");
+        let leaf = self.cells.len() as LeafId;
+        let hash = cell_leaf(&path, &cell);
+        assert!(self.cells.insert(path, CellSlot { entity, key, cell, leaf }).is_none(), "a cell restored once");
+        LeafChange { leaf, new: true, path, hash }
+    }
+}
+
+/// One scope's cells and tree together.
+#[derive(Default)]
+pub struct Projection {
+    cells: Cells,
+    smt: Smt,
+    /// `apply`'s leaves, emptied after each.
+    leaves: Vec<LeafChange>,
+}
+
+impl Projection {
+    pub fn cells(&self) -> &Cells {
+        &self.cells
+    }
+
+    /// Folds the actions of one data op (`Cells::apply`) and sets their
+    /// leaves in the tree.
+    pub fn apply(&mut self, hlc: u64, author: &PublicKey, actions: &[Action]) {
+        self.cells.apply(hlc, author, actions, &mut self.leaves);
+        set_leaves(&mut self.smt, &self.leaves);
+        self.leaves.clear();
+    }
+
+    /// The scope root after the actions of one data op were folded as
+    /// `apply` folds them, without folding them (`Cells::leaves_after`,
+    /// then `Smt::root_with`). Changes no cell.
+    pub fn root_after(&mut self, hlc: u64, author: &PublicKey, actions: &[Action]) -> Hash {
+        let leaves = self.cells.leaves_after(hlc, author, actions);
+        self.smt.root_with(&leaves)
+    }
+
+    /// The scope root of §8.
+    pub fn root(&mut self) -> Hash {
+        self.smt.root()
+    }
+
+    /// Asks for the root of the current state (see `Smt::checkpoint`).
+    pub fn checkpoint(&mut self) {
+        self.smt.checkpoint();
+    }
+
+    /// The roots of the checkpoints since the last call, in order.
+    pub fn take_checkpoint_roots(&mut self, out: &mut Vec<Hash>) {
+        self.smt.take_checkpoint_roots(out);
+    }
+
+    /// See `Cells::take_changed`.
+    pub fn take_changed(&mut self) -> Vec<(Hash, &CellSlot, bool)> {
+        self.cells.take_changed()
+    }
+
     /// Restores a cell read back from the store (no fold is re-run).
     pub fn restore(&mut self, path: Hash, entity: String, key: Vec<u8>, cell: Cell) {
-        assert_eq!(cell_path(&entity, &key), path, "a stored cell sits at its own path");
-        let leaf = self.smt.insert(path, cell_leaf(&path, &cell));
-        self.cells.insert(path, CellSlot { entity, key, cell, leaf });
+        let leaf = self.cells.restore(path, entity, key, cell);
+        set_leaves(&mut self.smt, &[leaf]);
     }
 }
 
@@ -189,19 +268,19 @@ mod tests {
         asked.take_changed();
         for (i, (hlc, author, actions)) in next.iter().enumerate() {
             let before = asked.root();
-            let cells = asked.len();
+            let cells = asked.cells().len();
             let got = asked.root_after(*hlc, author, actions);
             applied.apply(*hlc, author, actions);
             assert_eq!(got, applied.root(), "op {i}: root_after is the root after apply");
             assert_eq!(asked.root(), before, "op {i}: the root is unchanged");
-            assert_eq!(asked.len(), cells, "op {i}: no cell added");
+            assert_eq!(asked.cells().len(), cells, "op {i}: no cell added");
             assert!(asked.take_changed().is_empty(), "op {i}: nothing marked changed");
             asked.apply(*hlc, author, actions);
             assert_eq!(asked.root(), applied.root(), "op {i}: apply after root_after");
             asked.take_changed();
         }
-        let mut a: Vec<_> = applied.cells().map(|(p, s)| (*p, s.cell.clone())).collect();
-        let mut b: Vec<_> = asked.cells().map(|(p, s)| (*p, s.cell.clone())).collect();
+        let mut a: Vec<_> = applied.cells().iter().map(|(p, s)| (*p, s.cell.clone())).collect();
+        let mut b: Vec<_> = asked.cells().iter().map(|(p, s)| (*p, s.cell.clone())).collect();
         a.sort_by_key(|c| c.0);
         b.sort_by_key(|c| c.0);
         assert_eq!(a, b);

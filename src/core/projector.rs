@@ -16,9 +16,19 @@
 //! scope) depend on its own folds alone. So the node splits it by scope
 //! into shards (`split`, `shard_of`), one thread each, which fold their
 //! scopes' part of every commit side by side.
+//!
+//! It is two sides, which the node may run on two threads, one after the
+//! other over each commit (`into_sides`): the cells (`FoldSide`: the fold
+//! of the actions, the leaves they change, the cells' and items' writes)
+//! and the trees (`TreeSide`: the leaves set, the roots, the convergence
+//! checks and divergence counts, the scope records). What passes from the
+//! first to the second is a `TreeLog`: per fold, in fold order, its scope,
+//! its leaves and its check. `Projector` is the two on one thread, each
+//! fold passed on at once.
 
 use super::commit::{Check, Commit, Fold};
-use super::projection::Projection;
+use super::projection::{set_leaves, Cells, LeafChange};
+use super::smt::Smt;
 use super::tables::{item_cell_write, item_entity_write, scope_meta_key, Cf, Write};
 use crate::protocol::{encode, Action, Hash, PublicKey, ZERO};
 
@@ -30,14 +40,19 @@ pub struct ProjectorStats {
 }
 
 #[derive(Default)]
-struct Projected {
-    projection: Projection,
-    divergences: u64,
+struct ScopeCells {
+    cells: Cells,
     /// Entities whose index record (`Cf::Items`) this run has written, so
     /// that a new cell of one writes only its own record. Not restored:
     /// after a restart an entity's record is put once more (the same key,
     /// empty value: harmless). Cleared beyond `INDEXED_ENTITIES_MAX`.
     indexed: std::collections::HashSet<String>,
+}
+
+#[derive(Default)]
+struct ScopeTree {
+    smt: Smt,
+    divergences: u64,
 }
 
 /// Writes a commit's part is sized for ahead, at most (`finish_commit`).
@@ -47,11 +62,35 @@ const WRITES_PRESIZED_MAX: usize = 1 << 16;
 /// entities forgets them all and puts their records again as it goes.
 const INDEXED_ENTITIES_MAX: usize = 1024;
 
+/// Convergence checks left outstanding at most: their roots are computed
+/// together, the tree's batches (`MARKS_MAX` in `smt`) being the bound
+/// that matters.
+const CHECKS_OUTSTANDING_MAX: usize = 4096;
+
+/// The cells of every scope: the fold of the actions.
 #[derive(Default)]
-pub struct Projector {
-    scopes: super::IdMap<Hash, Projected>,
+pub struct FoldSide {
+    scopes: super::IdMap<Hash, ScopeCells>,
     /// Scopes whose cells changed since the last `finish_commit`.
     touched: Vec<Hash>,
+}
+
+/// The folds the fold side has folded and the tree side has not yet
+/// taken, in fold order: each one's scope, the end of its leaves in
+/// `leaves`, its check.
+#[derive(Default)]
+pub struct TreeLog {
+    folds: Vec<(Hash, usize, Option<Check>)>,
+    leaves: Vec<LeafChange>,
+    /// Folds taken by the tree side.
+    taken: usize,
+}
+
+/// The trees of every scope: the roots, the convergence checks, the
+/// divergence counts.
+#[derive(Default)]
+pub struct TreeSide {
+    scopes: super::IdMap<Hash, ScopeTree>,
     /// Convergence checks whose roots are not computed yet, in fold order:
     /// a chain's checks are computed together (`Smt::checkpoint`).
     checks: Vec<(Hash, Check)>,
@@ -60,10 +99,13 @@ pub struct Projector {
     pub stats: ProjectorStats,
 }
 
-/// Convergence checks left outstanding at most: their roots are computed
-/// together, the tree's batches (`MARKS_MAX` in `smt`) being the bound
-/// that matters.
-const CHECKS_OUTSTANDING_MAX: usize = 4096;
+/// Both sides on one thread.
+#[derive(Default)]
+pub struct Projector {
+    fold: FoldSide,
+    tree: TreeSide,
+    log: TreeLog,
+}
 
 /// The shard of `scope` among `shards`: its id's first eight bytes (LE)
 /// modulo the count. Stable (a function of the id alone, the same in every
@@ -75,38 +117,117 @@ pub fn shard_of(scope: &Hash, shards: usize) -> usize {
     (head % shards as u64) as usize
 }
 
-impl Projector {
-    /// Splits into `shards` projectors, the `i`-th holding the scopes with
-    /// `shard_of(scope) == i` (the counts of `stats` go to the first). Call
-    /// between commits; each shard then folds only its scopes' folds, in
-    /// their order, and together they give what this one would have.
-    pub fn split(mut self, shards: usize) -> Vec<Projector> {
-        assert!(self.touched.is_empty(), "between commits");
-        self.settle();
-        let mut parts: Vec<Projector> = (0..shards).map(|_| Projector::default()).collect();
-        parts[0].stats = self.stats;
-        for (scope, p) in self.scopes.drain() {
-            parts[shard_of(&scope, shards)].scopes.insert(scope, p);
-        }
-        parts
+impl TreeLog {
+    /// Folds in the log, taken or not.
+    pub fn len(&self) -> usize {
+        self.folds.len()
     }
 
-    /// Folds one applied data op. Its convergence check, if any, is made by
-    /// the next `settle` (or whatever reads a root or a count: `root`,
-    /// `divergences`, `finish_commit`), with those of the ops after it.
-    pub fn fold(&mut self, f: Fold) {
+    pub fn is_empty(&self) -> bool {
+        self.folds.is_empty()
+    }
+
+    /// Empties the log, every fold taken, keeping its room.
+    pub fn clear(&mut self) {
+        assert_eq!(self.taken, self.folds.len(), "every fold of the log taken");
+        self.folds.clear();
+        self.leaves.clear();
+        self.taken = 0;
+    }
+}
+
+impl FoldSide {
+    /// Folds one applied data op into its scope's cells, and logs its
+    /// leaves and check for the tree side.
+    pub fn fold(&mut self, f: Fold, log: &mut TreeLog) {
         let p = self.scopes.entry(f.scope).or_default();
         if !f.actions.is_empty() {
-            p.projection.apply(f.hlc, &f.author, &f.actions);
+            p.cells.apply(f.hlc, &f.author, &f.actions, &mut log.leaves);
             self.touched.push(f.scope);
         }
-        if let Some(check) = f.check {
-            p.projection.checkpoint();
-            self.checks.push((f.scope, check));
-            if self.checks.len() >= CHECKS_OUTSTANDING_MAX {
-                self.settle();
+        log.folds.push((f.scope, log.leaves.len(), f.check));
+    }
+
+    /// The leaves one more data op by `author` at `hlc` with these actions
+    /// would set in `scope`, without folding it (`Cells::leaves_after`).
+    pub fn leaves_after(&self, scope: &Hash, hlc: u64, author: &PublicKey, actions: &[Action]) -> Vec<(Hash, Hash)> {
+        match self.scopes.get(scope) {
+            Some(p) => p.cells.leaves_after(hlc, author, actions),
+            None => Cells::default().leaves_after(hlc, author, actions),
+        }
+    }
+
+    /// Cells in a scope.
+    pub fn cells(&self, scope: &Hash) -> usize {
+        self.scopes.get(scope).map_or(0, |p| p.cells.len())
+    }
+
+    /// Restores a cell read back from the store: its leaf, for the tree.
+    pub fn restore_cell(&mut self, scope: Hash, path: Hash, entity: String, key: Vec<u8>, cell: crate::protocol::Cell) -> LeafChange {
+        self.scopes.entry(scope).or_default().cells.restore(path, entity, key, cell)
+    }
+
+    /// Adds the cells changed since the last call to `writes`, with the
+    /// index records of the created ones.
+    pub fn finish_commit(&mut self, writes: &mut Vec<Write>) {
+        let mut touched = std::mem::take(&mut self.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        // Sized up front: grown by doubling from the few writes the
+        // commit's part brings, the list was copied again at each step
+        // (~4% of the projector in causal).
+        let more: usize = touched.iter().map(|s| self.scopes.get(s).map_or(0, |p| p.cells.writes_max())).sum();
+        writes.reserve(more.min(WRITES_PRESIZED_MAX));
+        // An entity's record once, not once per new cell of it (the API's
+        // writes make a new cell each, in one entity; a scope's ops, each
+        // in its own commit, mostly add cells to entities it has).
+        for scope in &touched {
+            let p = self.scopes.get_mut(scope).expect("a touched scope is projected");
+            for (path, slot, created) in p.cells.take_changed() {
+                if created {
+                    if !p.indexed.contains(&slot.entity) {
+                        if p.indexed.len() >= INDEXED_ENTITIES_MAX {
+                            p.indexed.clear();
+                        }
+                        p.indexed.insert(slot.entity.clone());
+                        writes.push(item_entity_write(scope, &slot.entity));
+                    }
+                    writes.push(item_cell_write(scope, &slot.entity, &slot.key));
+                }
+                let key = [scope.as_slice(), path.as_slice()].concat();
+                // borsh of (entity, key, cell), without cloning them.
+                let mut val = Vec::with_capacity(16 + slot.entity.len() + slot.key.len() + 64);
+                borsh::BorshSerialize::serialize(&slot.entity, &mut val).expect("Vec write");
+                borsh::BorshSerialize::serialize(&slot.key, &mut val).expect("Vec write");
+                borsh::BorshSerialize::serialize(&slot.cell, &mut val).expect("Vec write");
+                writes.push(Write::Put(Cf::Projection, key, val));
             }
         }
+        touched.clear();
+        self.touched = touched;
+    }
+}
+
+impl TreeSide {
+    /// Takes the log's folds up to the first `until` (their leaves set,
+    /// their checks queued), those before taken already.
+    pub fn take(&mut self, log: &mut TreeLog, until: usize) {
+        let until = until.min(log.folds.len());
+        let mut from = if log.taken == 0 { 0 } else { log.folds[log.taken - 1].1 };
+        for i in log.taken..until {
+            let (scope, end, check) = log.folds[i];
+            let p = self.scopes.entry(scope).or_default();
+            set_leaves(&mut p.smt, &log.leaves[from..end]);
+            from = end;
+            if let Some(check) = check {
+                p.smt.checkpoint();
+                self.checks.push((scope, check));
+                if self.checks.len() >= CHECKS_OUTSTANDING_MAX {
+                    self.settle();
+                }
+            }
+        }
+        log.taken = log.taken.max(until);
     }
 
     /// Makes the outstanding convergence checks, in fold order; returns the
@@ -123,7 +244,7 @@ impl Projector {
             let queue = roots.entry(scope).or_default();
             if queue.is_empty() {
                 let mut v = Vec::new();
-                p.projection.take_checkpoint_roots(&mut v);
+                p.smt.take_checkpoint_roots(&mut v);
                 queue.extend(v);
             }
             let root = queue.pop_front().expect("one root per checkpoint");
@@ -151,18 +272,17 @@ impl Projector {
     /// The scope root (ZERO for a scope with no cells).
     pub fn root(&mut self, scope: &Hash) -> Hash {
         self.settle();
-        self.scopes.get_mut(scope).map_or(ZERO, |p| p.projection.root())
+        self.scopes.get_mut(scope).map_or(ZERO, |p| p.smt.root())
     }
 
-    /// The scope root after one more data op by `author` at `hlc` with
-    /// these actions, without folding it (`Projection::root_after`): the
-    /// `root_hash` an op authored here carries (§8). A scope not projected
-    /// yet has no cells, so it is the root of the op's cells alone.
-    pub fn root_after(&mut self, scope: &Hash, hlc: u64, author: &PublicKey, actions: &[Action]) -> Hash {
+    /// The scope root with these leaves set (`FoldSide::leaves_after`),
+    /// the tree left as it is. A scope not projected yet has no cells, so
+    /// it is the root of those leaves alone.
+    pub fn root_with(&mut self, scope: &Hash, leaves: &[(Hash, Hash)]) -> Hash {
         self.settle();
         match self.scopes.get_mut(scope) {
-            Some(p) => p.projection.root_after(hlc, author, actions),
-            None => Projection::default().root_after(hlc, author, actions),
+            Some(p) => p.smt.root_with(leaves),
+            None => Smt::default().root_with(leaves),
         }
     }
 
@@ -172,14 +292,9 @@ impl Projector {
         self.scopes.get(scope).map_or(0, |p| p.divergences)
     }
 
-    /// Cells in a scope.
-    pub fn cells(&self, scope: &Hash) -> usize {
-        self.scopes.get(scope).map_or(0, |p| p.projection.len())
-    }
-
-    /// Restores a cell read back from the store (no fold is re-run).
-    pub fn restore_cell(&mut self, scope: Hash, path: Hash, entity: String, key: Vec<u8>, cell: crate::protocol::Cell) {
-        self.scopes.entry(scope).or_default().projection.restore(path, entity, key, cell);
+    /// Restores a leaf of a cell read back from the store.
+    pub fn restore_leaf(&mut self, scope: Hash, leaf: LeafChange) {
+        set_leaves(&mut self.scopes.entry(scope).or_default().smt, &[leaf]);
     }
 
     /// Restores a scope's divergence count read back from its record.
@@ -187,57 +302,116 @@ impl Projector {
         self.scopes.entry(scope).or_default().divergences = divergences;
     }
 
-    /// Adds the projection's writes to a commit whose folds are all folded:
-    /// the cells changed since the last call, and the engine's scope
-    /// records (`Commit::records`) with their divergence counts.
+    /// Adds the engine's scope records (`Commit::records`) to a commit's
+    /// writes, with their divergence counts, once its folds are taken.
     pub fn finish_commit(&mut self, c: &mut Commit) {
-        debug_assert!(c.folds.is_empty(), "a commit is finished once its folds are folded");
         self.settle();
         for (scope, mut rec) in c.records.drain(..) {
             rec.divergences = self.divergences(&scope);
             c.writes.push(Write::Put(Cf::Meta, scope_meta_key(&scope), encode(&rec)));
         }
-        let mut touched = std::mem::take(&mut self.touched);
-        touched.sort_unstable();
-        touched.dedup();
-        // Sized up front: grown by doubling from the few writes the
-        // commit's part brings, the list was copied again at each step
-        // (~4% of the projector in causal).
-        let writes: usize = touched.iter().map(|s| self.scopes.get(s).map_or(0, |p| p.projection.writes_max())).sum();
-        c.writes.reserve(writes.min(WRITES_PRESIZED_MAX));
-        // An entity's record once, not once per new cell of it (the API's
-        // writes make a new cell each, in one entity; a scope's ops, each
-        // in its own commit, mostly add cells to entities it has).
-        for scope in &touched {
-            let p = self.scopes.get_mut(scope).expect("a touched scope is projected");
-            for (path, slot, created) in p.projection.take_changed() {
-                if created {
-                    if !p.indexed.contains(&slot.entity) {
-                        if p.indexed.len() >= INDEXED_ENTITIES_MAX {
-                            p.indexed.clear();
-                        }
-                        p.indexed.insert(slot.entity.clone());
-                        c.writes.push(item_entity_write(scope, &slot.entity));
-                    }
-                    c.writes.push(item_cell_write(scope, &slot.entity, &slot.key));
-                }
-                let key = [scope.as_slice(), path.as_slice()].concat();
-                // borsh of (entity, key, cell), without cloning them.
-                let mut val = Vec::with_capacity(16 + slot.entity.len() + slot.key.len() + 64);
-                borsh::BorshSerialize::serialize(&slot.entity, &mut val).expect("Vec write");
-                borsh::BorshSerialize::serialize(&slot.key, &mut val).expect("Vec write");
-                borsh::BorshSerialize::serialize(&slot.cell, &mut val).expect("Vec write");
-                c.writes.push(Write::Put(Cf::Projection, key, val));
-            }
-        }
-        touched.clear();
-        self.touched = touched;
     }
 }
 
+impl Projector {
+    /// Splits into `shards` projectors, the `i`-th holding the scopes with
+    /// `shard_of(scope) == i` (the counts of `stats` go to the first). Call
+    /// between commits; each shard then folds only its scopes' folds, in
+    /// their order, and together they give what this one would have.
+    pub fn split(mut self, shards: usize) -> Vec<Projector> {
+        assert!(self.fold.touched.is_empty(), "between commits");
+        self.settle();
+        let mut parts: Vec<Projector> = (0..shards).map(|_| Projector::default()).collect();
+        parts[0].tree.stats = self.tree.stats;
+        for (scope, p) in self.fold.scopes.drain() {
+            parts[shard_of(&scope, shards)].fold.scopes.insert(scope, p);
+        }
+        for (scope, p) in self.tree.scopes.drain() {
+            parts[shard_of(&scope, shards)].tree.scopes.insert(scope, p);
+        }
+        parts
+    }
+
+    /// The two sides, to run on two threads: each commit's folds through
+    /// `FoldSide::fold` into a log, then `TreeSide::take` of it. Call
+    /// between commits.
+    pub fn into_sides(mut self) -> (FoldSide, TreeSide) {
+        assert!(self.fold.touched.is_empty(), "between commits");
+        self.settle();
+        (self.fold, self.tree)
+    }
+
+    pub fn stats(&self) -> ProjectorStats {
+        self.tree.stats
+    }
+
+    /// Folds one applied data op. Its convergence check, if any, is made by
+    /// the next `settle` (or whatever reads a root or a count: `root`,
+    /// `divergences`, `finish_commit`), with those of the ops after it.
+    pub fn fold(&mut self, f: Fold) {
+        self.fold.fold(f, &mut self.log);
+        self.tree.take(&mut self.log, usize::MAX);
+        self.log.clear();
+    }
+
+    /// See `TreeSide::settle`.
+    pub fn settle(&mut self) -> u64 {
+        self.tree.settle()
+    }
+
+    /// The scope root (ZERO for a scope with no cells).
+    pub fn root(&mut self, scope: &Hash) -> Hash {
+        self.tree.root(scope)
+    }
+
+    /// The scope root after one more data op by `author` at `hlc` with
+    /// these actions, without folding it: the `root_hash` an op authored
+    /// here carries (§8).
+    pub fn root_after(&mut self, scope: &Hash, hlc: u64, author: &PublicKey, actions: &[Action]) -> Hash {
+        let leaves = self.fold.leaves_after(scope, hlc, author, actions);
+        self.tree.root_with(scope, &leaves)
+    }
+
+    /// Divergences found in a scope since it was created.
+    pub fn divergences(&mut self, scope: &Hash) -> u64 {
+        self.tree.divergences(scope)
+    }
+
+    /// Cells in a scope.
+    pub fn cells(&self, scope: &Hash) -> usize {
+        self.fold.cells(scope)
+    }
+
+    /// Restores a cell read back from the store (no fold is re-run).
+    pub fn restore_cell(&mut self, scope: Hash, path: Hash, entity: String, key: Vec<u8>, cell: crate::protocol::Cell) {
+        let leaf = self.fold.restore_cell(scope, path, entity, key, cell);
+        self.tree.restore_leaf(scope, leaf);
+    }
+
+    /// Restores a scope's divergence count read back from its record.
+    pub fn restore_divergences(&mut self, scope: Hash, divergences: u64) {
+        self.tree.restore_divergences(scope, divergences);
+    }
+
+    /// Adds the projection's writes to a commit whose folds are all folded:
+    /// the engine's scope records (`Commit::records`) with their divergence
+    /// counts, then the cells changed since the last call.
+    pub fn finish_commit(&mut self, c: &mut Commit) {
+        debug_assert!(c.folds.is_empty(), "a commit is finished once its folds are folded");
+        self.tree.finish_commit(c);
+        self.fold.finish_commit(&mut c.writes);
+    }
+}
 #[cfg(test)]
 mod tests {
+    use super::super::projection::Projection;
+    use super::super::tables::ScopeRecord;
     use super::*;
+
+    /// A scope's record as the engine makes it in round `round`.
+    fn record(round: u64) -> ScopeRecord {
+        ScopeRecord { genesis_applied: true, gov_heads: vec![], data_heads: vec![[round as u8; 32]], applied: round, divergences: 0, event_seq: round }
+    }
 
     /// `root_after` of a projected scope and of one not projected yet, with
     /// a check outstanding, against the root after the fold.
@@ -256,8 +430,8 @@ mod tests {
         let want = alone.root();
         p.fold(fold(2, vec![], Some(Check { op: [0; 32], root: want })));
         let after = p.root_after(&scope, 3, &[1; 32], &[put(1), put(2)]);
-        assert_eq!(p.stats.root_checks, 1, "the outstanding check made first");
-        assert_eq!(p.stats.divergences, 0);
+        assert_eq!(p.stats().root_checks, 1, "the outstanding check made first");
+        assert_eq!(p.stats().divergences, 0);
         assert_eq!(p.root(&scope), want);
         p.fold(fold(3, vec![put(1), put(2)], None));
         assert_eq!(p.root(&scope), after);
@@ -347,14 +521,7 @@ mod tests {
                 // Every third scope checks a wrong root: a divergence.
                 let check = (round % 2 == 1 && i % 3 == 0).then_some(Check { op: [i as u8; 32], root: [9; 32] });
                 c.folds.push(Fold { scope: *scope, hlc, author: [1; 32], actions: vec![put(hlc % 7), put(hlc)], check });
-                c.records.push((*scope, super::super::tables::ScopeRecord {
-                    genesis_applied: true,
-                    gov_heads: vec![],
-                    data_heads: vec![[round as u8; 32]],
-                    applied: round,
-                    divergences: 0,
-                    event_seq: round,
-                }));
+                c.records.push((*scope, record(round)));
             }
             c
         };
@@ -376,7 +543,7 @@ mod tests {
         let mut first = Projector::default();
         assert_eq!(finish(std::slice::from_mut(&mut first), commit(0)), finish(&mut one, commit(0)));
         let mut three = first.split(3);
-        assert!(three.iter().all(|p| !p.scopes.is_empty()), "twelve scopes over three shards");
+        assert!(three.iter().all(|p| !p.fold.scopes.is_empty()), "twelve scopes over three shards");
         for round in 1..6 {
             assert_eq!(finish(&mut three, commit(round)), finish(&mut one, commit(round)), "round {round}");
         }
@@ -384,7 +551,78 @@ mod tests {
             let s = &mut three[shard_of(scope, 3)];
             assert_eq!((s.root(scope), s.divergences(scope)), (one[0].root(scope), one[0].divergences(scope)));
         }
-        let divergences: u64 = three.iter().map(|p| p.stats.divergences).sum();
-        assert_eq!((divergences, one[0].stats.divergences), (12, 12));
+        let divergences: u64 = three.iter().map(|p| p.stats().divergences).sum();
+        assert_eq!((divergences, one[0].stats().divergences), (12, 12));
+    }
+
+    /// The two sides apart, as the node's two threads run them (a commit's
+    /// folds all through the cells, then the log through the trees, the
+    /// roots of drafts asked at their points in between), against one
+    /// projector folding the same ops one by one: the same writes in the
+    /// same order, roots at each point, and divergence counts.
+    #[test]
+    fn the_sides_apart_fold_as_one_projector() {
+        let scopes: Vec<Hash> = (0u8..3).map(|i| crate::protocol::crypto::sha256(&[i])).collect();
+        let put = |k: u64| Action::Put { entity: "e".into(), key: (k % 40).to_le_bytes().to_vec(), value: k.to_le_bytes().to_vec() };
+        let mut one = Projector::default();
+        let (mut cells, mut trees) = Projector::default().into_sides();
+        let mut log = TreeLog::default();
+        for round in 0..8u64 {
+            let mut folds = Vec::new();
+            let mut records = Vec::new();
+            for i in 0..30u64 {
+                let scope = scopes[(i % 3) as usize];
+                let hlc = round * 100 + i;
+                let actions = if i % 7 == 0 { vec![] } else { vec![put(hlc), put(hlc * 3)] };
+                // Every fifth op checks; one in four of those a wrong root.
+                let check = (i % 5 == 0).then_some(Check { op: [i as u8; 32], root: if i % 20 == 0 { [9; 32] } else { ZERO } });
+                folds.push(Fold { scope, hlc, author: [1; 32], actions, check });
+            }
+            for scope in &scopes {
+                records.push((*scope, record(round)));
+            }
+            // A check's root is the one projector's, so that most agree.
+            let mut want_roots = Vec::new();
+            for (at, f) in folds.iter_mut().enumerate() {
+                if at % 6 == 0 {
+                    want_roots.push(one.root_after(&f.scope, 1_000 + at as u64, &[2; 32], &[put(at as u64)]));
+                }
+                if let Some(c) = &mut f.check {
+                    if c.root == ZERO {
+                        c.root = one.root_after(&f.scope, f.hlc, &f.author, &f.actions);
+                    }
+                }
+                one.fold(f.clone());
+            }
+            let mut want = Commit { records: records.clone(), ..Default::default() };
+            one.finish_commit(&mut want);
+            // The sides: the cells first, with each draft's leaves at its point.
+            let mut leaves = Vec::new();
+            for (at, f) in folds.iter().enumerate() {
+                if at % 6 == 0 {
+                    leaves.push((at, cells.leaves_after(&f.scope, 1_000 + at as u64, &[2; 32], &[put(at as u64)])));
+                }
+                cells.fold(f.clone(), &mut log);
+            }
+            let mut cell_writes = Vec::new();
+            cells.finish_commit(&mut cell_writes);
+            let mut got_roots = Vec::new();
+            for (at, l) in &leaves {
+                trees.take(&mut log, *at);
+                got_roots.push(trees.root_with(&folds[*at].scope, l));
+            }
+            trees.take(&mut log, usize::MAX);
+            log.clear();
+            let mut got = Commit { records, ..Default::default() };
+            trees.finish_commit(&mut got);
+            got.writes.extend(cell_writes);
+            assert_eq!(got_roots, want_roots, "round {round}: the drafts' roots");
+            assert_eq!(format!("{:?}", got.writes), format!("{:?}", want.writes), "round {round}: the writes");
+            for scope in &scopes {
+                assert_eq!(trees.root(scope), one.root(scope));
+            }
+        }
+        assert_eq!(trees.stats, one.stats());
+        assert_eq!(one.stats().divergences, 8 * 2, "the wrong roots, and only them");
     }
 }

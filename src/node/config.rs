@@ -141,6 +141,12 @@ pub struct Settings {
     /// folded by one of them)
     #[arg(long)]
     pub projector_shards: Option<usize>,
+    /// Each projector shard in two threads, one after the other over each
+    /// commit: the cells' fold, then the roots and convergence checks, so
+    /// that one scope's fold takes two cores (by default from eight cores;
+    /// `false`: one thread a shard)
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub projector_split: Option<bool>,
     /// Applied ops folded into one commit at most (group commit); a commit
     /// also closes at 4x as many received ops when most park
     #[arg(long)]
@@ -199,6 +205,7 @@ impl Settings {
             verifier_threads: Some(pipeline.verifier_threads),
             network_threads: Some(network_threads_default()),
             projector_shards: Some(pipeline.projector_shards),
+            projector_split: Some(pipeline.projector_split),
             commit_ops_max: Some(pipeline.commit_ops_max),
             durability: Some("durable".to_owned()),
             memtable_bytes_max: None,
@@ -252,6 +259,7 @@ impl Settings {
             pipeline: PipelineConfig {
                 verifier_threads: set(self.verifier_threads),
                 projector_shards: set(self.projector_shards),
+                projector_split: set(self.projector_split),
                 commit_ops_max: set(self.commit_ops_max),
                 sync,
                 ..PipelineConfig::default()
@@ -411,6 +419,8 @@ mod tests {
         assert_eq!(c.pipeline.verifier_threads, cores);
         assert_eq!(c.network_threads, (cores / 4).max(1));
         assert_eq!(c.pipeline.projector_shards, (cores / 4).max(1));
+        assert_eq!(c.pipeline.projector_split, cores >= 8);
+        assert!(help_of("projector-split").ends_with(&format!("[default: {}]", cores >= 8)));
         assert!(help_of("verifier-threads").ends_with(&format!("[default: {cores}]")));
         assert!(help_of("projector-shards").ends_with(&format!("[default: {}]", (cores / 4).max(1))));
     }

@@ -275,6 +275,22 @@ pub fn projector_shards_default() -> usize {
     (machine_cores() / 4).clamp(1, crate::limits::PROJECTOR_SHARDS_MAX)
 }
 
+/// Projector shards in two threads (the cells', the trees') by default
+/// from eight cores (`machine_cores`). Split, one shard folds on two
+/// cores: 128 scopes in one shard 192k ops/s in one thread, 356k in two
+/// (`cargo bench --bench stages -- "^fold shards/"`, 2026-12-06), so one
+/// hot scope is no longer held to one core's fold. But the split adds the
+/// hand-over of every commit's leaves, and it only pays where a core is
+/// idle while the fold runs: on this 2-core machine, where verification
+/// keeps both cores busy, `reversed` (a cascade of 100,000 ops on one
+/// scope) made 65–74k ops/s split against 70–75k in one thread, three
+/// interleaved runs each (docs/PERFORMANCE.md). From eight cores a shard
+/// has four (`projector_shards_default`), the fold a quarter of their
+/// work.
+pub fn projector_split_default() -> bool {
+    machine_cores() >= 8
+}
+
 /// The cores this process may use (`std::thread::available_parallelism`:
 /// the machine's, less what an affinity mask or a cgroup quota takes), 2
 /// when the system cannot tell. The defaults of the verifier and network
@@ -292,6 +308,11 @@ pub struct PipelineConfig {
     /// `core::projector::shard_of(scope) == i` (`shards.rs`); by default
     /// `projector_shards_default`. One scope is always in one shard.
     pub projector_shards: usize,
+    /// Each projector shard in two threads, one after the other over each
+    /// commit: the cells' fold, then the trees' roots and checks
+    /// (`projector::run_fold`, `run_tree`), so that one scope's fold takes
+    /// two cores. By default `projector_split_default`.
+    pub projector_split: bool,
     /// Ops per signature batch at most (the batcher takes what is queued,
     /// lingering up to `BATCH_LINGER` while it has fewer than
     /// `BATCH_LINGER_UNTIL`). Past ~190 points the
@@ -331,6 +352,7 @@ impl Default for PipelineConfig {
         PipelineConfig {
             verifier_threads: machine_cores(),
             projector_shards: projector_shards_default(),
+            projector_split: projector_split_default(),
             verify_batch_max: 512,
             stage_queue_batches: 4,
             commit_ops_max: 4096,
@@ -599,7 +621,9 @@ impl Pipeline {
                 verified: verified.clone(),
                 orderer: shared.direct.clone(),
             };
-            threads.push(spawn(&format!("dagfold-projector-{i}"), Box::new(move || projector::run(i, projector, rx, tx, d, composer))));
+            for (name, f) in projector::shard_threads(i, projector, rx, tx, cfg.projector_split, d, composer) {
+                threads.push(spawn(&name, f));
+            }
         }
         let sh = shared.clone();
         let (sync, applied_bytes) = (cfg.sync, cfg.applied_bytes);

@@ -159,12 +159,14 @@ impl Join {
 
 /// The fold stage alone, as the pipeline runs it: `commits` split by scope
 /// on a thread standing for the orderer, folded by `projectors` (a
-/// `Projector::split`) on their shard threads, joined on this thread and
-/// handed to `on_commit` (standing for the committer). For the stage
-/// benchmark (`benches/stages.rs`) and the tests.
+/// `Projector::split`) on their shard threads (two each, the cells' and the
+/// trees', with `split`), joined on this thread and handed to `on_commit`
+/// (standing for the committer). For the stage benchmark
+/// (`benches/stages.rs`) and the tests.
 #[cfg(feature = "testkit")]
 pub fn fold_stage(
     projectors: Vec<crate::core::Projector>,
+    split_sides: bool,
     commits: Vec<(Commit, Vec<crate::core::ScopeStatus>)>,
     mut on_commit: impl FnMut(Commit, Vec<crate::core::ScopeStatus>),
 ) {
@@ -176,7 +178,9 @@ pub fn fold_stage(
         };
         for (i, (projector, ShardIo { rx, tx })) in projectors.into_iter().zip(io).enumerate() {
             let d = heartbeat_divergences.clone();
-            spawn(format!("dagfold-projector-{i}"), Box::new(move || super::projector::run(i, projector, rx, tx, d, super::author::Composer::detached())));
+            for (name, f) in super::projector::shard_threads(i, projector, rx, tx, split_sides, d, super::author::Composer::detached()) {
+                spawn(name, f);
+            }
         }
         spawn("dagfold-split".into(), Box::new(move || {
             for (commit, statuses) in commits {
