@@ -76,6 +76,7 @@ pub fn check_payload(data: &[u8]) {
         proj.apply(7, &[9; 32], &p.actions);
         let mut cells: Vec<(Hash, Hash)> = proj
             .cells()
+            .iter()
             .map(|(path, slot)| {
                 assert_eq!(*path, cell_path(&slot.entity, &slot.key));
                 (*path, cell_leaf(path, &slot.cell))
