@@ -67,6 +67,11 @@ const INDEXED_ENTITIES_MAX: usize = 1024;
 /// that matters.
 const CHECKS_OUTSTANDING_MAX: usize = 4096;
 
+/// A log's room kept between commits, at most: ~0.5 MB of folds and
+/// ~0.6 MB of leaves (`TreeLog::clear`).
+const LOG_FOLDS_KEPT_MAX: usize = 1 << 12;
+const LOG_LEAVES_KEPT_MAX: usize = 1 << 13;
+
 /// The cells of every scope: the fold of the actions.
 #[derive(Default)]
 pub struct FoldSide {
@@ -127,11 +132,15 @@ impl TreeLog {
         self.folds.is_empty()
     }
 
-    /// Empties the log, every fold taken, keeping its room.
+    /// Empties the log, every fold taken, keeping its room up to a bound
+    /// (a commit of 4,096 ops of two cells each fits; one of a few huge
+    /// payloads is not kept for every commit after it).
     pub fn clear(&mut self) {
         assert_eq!(self.taken, self.folds.len(), "every fold of the log taken");
         self.folds.clear();
         self.leaves.clear();
+        self.folds.shrink_to(LOG_FOLDS_KEPT_MAX);
+        self.leaves.shrink_to(LOG_LEAVES_KEPT_MAX);
         self.taken = 0;
     }
 }
