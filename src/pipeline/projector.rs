@@ -91,6 +91,7 @@ pub(super) fn run(
 /// handed to the tree side (`run_tree`) with its log.
 pub(super) fn run_fold(shard: usize, mut cells: FoldSide, rx: Receiver<ToProject>, tx: Sender<Folded>, author: PublicKey, logs: Receiver<TreeLog>) {
     let stage = histogram!("dagfold_stage_seconds", "stage" => "fold", "shard" => shard.to_string());
+    let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "trees", "shard" => shard.to_string());
     for m in rx {
         let t = Instant::now();
         if shard == 0 {
@@ -99,9 +100,11 @@ pub(super) fn run_fold(shard: usize, mut cells: FoldSide, rx: Receiver<ToProject
         let log = logs.try_recv().unwrap_or_default();
         let folded = fold_part(&mut cells, m, log, &author);
         stage.record(t.elapsed().as_secs_f64());
+        let t_send = Instant::now();
         if tx.send(folded).is_err() {
             return;
         }
+        waited.increment(t_send.elapsed().as_micros() as u64);
     }
 }
 
