@@ -403,12 +403,13 @@ impl Projector {
     }
 
     /// Adds the projection's writes to a commit whose folds are all folded:
-    /// the engine's scope records (`Commit::records`) with their divergence
-    /// counts, then the cells changed since the last call.
+    /// the cells changed since the last call, then the engine's scope
+    /// records (`Commit::records`) with their divergence counts (the order
+    /// the two sides add them in on two threads).
     pub fn finish_commit(&mut self, c: &mut Commit) {
         debug_assert!(c.folds.is_empty(), "a commit is finished once its folds are folded");
-        self.tree.finish_commit(c);
         self.fold.finish_commit(&mut c.writes);
+        self.tree.finish_commit(c);
     }
 }
 #[cfg(test)]
@@ -613,8 +614,8 @@ mod tests {
                 }
                 cells.fold(f.clone(), &mut log);
             }
-            let mut cell_writes = Vec::new();
-            cells.finish_commit(&mut cell_writes);
+            let mut got = Commit { records, ..Default::default() };
+            cells.finish_commit(&mut got.writes);
             let mut got_roots = Vec::new();
             for (at, l) in &leaves {
                 trees.take(&mut log, *at);
@@ -622,9 +623,7 @@ mod tests {
             }
             trees.take(&mut log, usize::MAX);
             log.clear();
-            let mut got = Commit { records, ..Default::default() };
             trees.finish_commit(&mut got);
-            got.writes.extend(cell_writes);
             assert_eq!(got_roots, want_roots, "round {round}: the drafts' roots");
             assert_eq!(format!("{:?}", got.writes), format!("{:?}", want.writes), "round {round}: the writes");
             for scope in &scopes {

@@ -18,7 +18,7 @@ use super::committer::ToCommit;
 use super::metrics::note_age;
 use super::ConnId;
 use crate::core::projector::{FoldSide, TreeLog, TreeSide};
-use crate::core::{Commit, Projector, ScopeStatus, Write};
+use crate::core::{Commit, Projector, ScopeStatus};
 use crate::protocol::{Hash, PublicKey};
 
 /// A commit on its way from the orderer to the projector: the statuses'
@@ -43,14 +43,14 @@ pub(super) struct HeartbeatCheck {
     pub(super) root: Hash,
 }
 
-/// A commit's part with its cells folded, on its way to the trees: its
-/// folds as a log, each root request's leaves (its actions folded into
-/// copies of the cells at its point), the cells' writes.
+/// A commit's part with its cells folded (their writes in the part's
+/// commit), on its way to the trees: its folds as a log, each root
+/// request's leaves (its actions folded into copies of the cells at its
+/// point).
 pub(super) struct Folded {
     part: ToProject,
     log: TreeLog,
     leaves: Vec<Vec<(Hash, Hash)>>,
-    cells: Vec<Write>,
 }
 
 /// The fold of each commit's applied data ops (`core::Projector`), in
@@ -158,7 +158,7 @@ pub(super) fn shard_threads(
 }
 
 /// A part's folds through the cells, at their points the root requests'
-/// leaves; its cells' writes made.
+/// leaves; its cells' writes added to its commit's.
 fn fold_part(cells: &mut FoldSide, mut part: ToProject, mut log: TreeLog, author: &PublicKey) -> Folded {
     let folds = std::mem::take(&mut part.commit.folds);
     let mut leaves = Vec::with_capacity(part.roots.len());
@@ -172,9 +172,8 @@ fn fold_part(cells: &mut FoldSide, mut part: ToProject, mut log: TreeLog, author
     for r in roots {
         leaves.push(cells.leaves_after(&r.draft.scope, r.hlc, author, &r.actions));
     }
-    let mut writes = Vec::new();
-    cells.finish_commit(&mut writes);
-    Folded { part, log, leaves, cells: writes }
+    cells.finish_commit(&mut part.commit.writes);
+    Folded { part, log, leaves }
 }
 
 /// The trees' side of a shard and what it finishes parts with.
@@ -213,12 +212,12 @@ impl Trees {
 
     /// Finishes a part: its folds' leaves set and checks made, with the
     /// heartbeat comparisons and the drafts' roots at their points; the
-    /// scope records, then the cells' writes, join the commit's; the
+    /// scope records join the commit's writes, after its cells'; the
     /// statuses get their roots. Sends it on to the committer, then the
     /// drafts' ops to the orderer. Its log, emptied; none once the
     /// committer is gone.
     fn take(&mut self, f: Folded, t: Instant) -> Option<TreeLog> {
-        let Folded { part, mut log, leaves, cells } = f;
+        let Folded { part, mut log, leaves } = f;
         let ToProject { mut commit, mut statuses, conns, received, heartbeats, roots } = part;
         let mut heartbeats = heartbeats.into_iter().peekable();
         let mut roots = roots.into_iter().zip(leaves).peekable();
@@ -242,7 +241,6 @@ impl Trees {
         }
         log.clear();
         self.trees.finish_commit(&mut commit);
-        commit.writes.extend(cells);
         for st in &mut statuses {
             st.root = self.trees.root(&st.scope);
         }
