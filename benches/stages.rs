@@ -18,7 +18,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use dagfold::core::projection::Projection;
 use dagfold::core::projector::shard_of;
-use dagfold::core::{authorize_at, decode_frame, Cf, Commit, Config, Decoded, Engine, Fold, Identity, Prepared, Projector, ScopeRecord, VerifiedOp, Write};
+use dagfold::core::{authorize_at, decode_frame, Cf, Commit, Config, Decoded, Engine, Fold, Identity, Prepared, Projector, ScopeRecord, ScopeStatus, VerifiedOp, Write};
 use dagfold::durable::InlineDriver;
 use dagfold::protocol::crypto::{open_payload, sha256, sha256_tag_pair};
 use dagfold::protocol::sha_lanes::sha256_tag_pairs;
@@ -324,13 +324,7 @@ fn fold_shards(c: &mut Criterion) {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    let input: Vec<_> = commits
-                        .iter()
-                        .enumerate()
-                        .map(|(n, (folds, records))| {
-                            (Commit { folds: folds.clone(), records: records.clone(), number: n as u64, ..Default::default() }, Vec::new())
-                        })
-                        .collect();
+                    let input = as_commits(commits);
                     writes = 0;
                     let t = Instant::now();
                     dagfold::pipeline::fold_stage(Projector::default().split(shards), split, input, |c, _| writes += c.writes.len());
@@ -387,18 +381,24 @@ fn fold_shards(c: &mut Criterion) {
 
 /// The fold shards' workload: its frames (every scope's governance, then
 /// the data ops interleaved across scopes) and the engine's commits of
-/// them, their folds and records.
+/// them, their folds and records (and, with `statuses`, the statuses of
+/// the scopes each commit touched, whose roots the fold fills, as the
+/// orderer hands them on).
 struct Sharded {
     frames: Vec<Vec<u8>>,
-    commits: Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>)>,
+    commits: Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>, Vec<ScopeStatus>)>,
 }
 
 fn sharded_workload() -> Sharded {
+    fold_workload(SHARDED_SCOPES, SHARDED_OPS_PER_SCOPE, false)
+}
+
+fn fold_workload(scopes: u64, ops_per_scope: usize, statuses: bool) -> Sharded {
     let id = node();
     let t = Instant::now();
-    let ws: Vec<_> = (0..SHARDED_SCOPES)
+    let ws: Vec<_> = (0..scopes)
         .map(|i| {
-            let cfg = WorkloadConfig { seed: 1_000 + i, data_ops: SHARDED_OPS_PER_SCOPE, writers: 4, ..Default::default() };
+            let cfg = WorkloadConfig { seed: 1_000 + i, data_ops: ops_per_scope, writers: 4, ..Default::default() };
             generate(&cfg, id.public_key, id.kem_public)
         })
         .collect();
@@ -406,11 +406,17 @@ fn sharded_workload() -> Sharded {
     // (signatures taken as verified: the fold is what is measured).
     let mut engine = Engine::new(Config::default(), id.clone());
     let _ = engine.take_projector();
-    let mut commits: Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>)> = Vec::new();
+    let mut commits = Vec::new();
     let prefix = ws.iter().flat_map(|w| w.messages.iter().filter(|m| !m.is_data));
     let data: Vec<Vec<_>> = ws.iter().map(|w| w.messages.iter().filter(|m| m.is_data).collect()).collect();
-    let interleaved = (0..SHARDED_OPS_PER_SCOPE).flat_map(|i| data.iter().map(move |d| d[i]));
+    let interleaved = (0..ops_per_scope).flat_map(|i| data.iter().map(move |d| d[i]));
     let frames: Vec<Vec<u8>> = prefix.chain(interleaved).map(|m| m.frame.clone()).collect();
+    let mut take = |engine: &mut Engine| {
+        let c = engine.take_commit().unwrap();
+        let touched = engine.take_touched_scopes();
+        let s = if statuses { touched.iter().filter_map(|s| engine.status(s)).collect() } else { Vec::new() };
+        commits.push((c.folds, c.records, s));
+    };
     for (n, frame) in frames.iter().enumerate() {
         let outcome = match decode_frame(frame).unwrap() {
             Decoded::Op { id, op, bytes } => engine.handle_checked(VerifiedOp { id, op, bytes, pre: Default::default() }, true, 0),
@@ -418,22 +424,71 @@ fn sharded_workload() -> Sharded {
         };
         assert!(matches!(outcome, dagfold::core::Outcome::Applied | dagfold::core::Outcome::KeyAccepted), "{outcome:?}");
         if (n + 1) % SHARDED_COMMIT_OPS == 0 {
-            let c = engine.take_commit().unwrap();
-            commits.push((c.folds, c.records));
+            take(&mut engine);
         }
     }
-    let c = engine.take_commit().unwrap();
-    commits.push((c.folds, c.records));
-    let ops: usize = commits.iter().map(|(f, _)| f.len()).sum();
-    assert_eq!(ops as u64, SHARDED_SCOPES * SHARDED_OPS_PER_SCOPE as u64);
+    take(&mut engine);
+    let ops: usize = commits.iter().map(|(f, _, _)| f.len()).sum();
+    assert_eq!(ops as u64, scopes * ops_per_scope as u64);
     let share = ws.iter().filter(|w| shard_of(&w.scope, 2) == 0).count();
     eprintln!(
-        "fold shards: {} scopes, {ops} data ops in {} commits (made in {:.1} s); of two shards the first holds {share} scopes",
+        "fold workload: {} scopes, {ops} data ops in {} commits (made in {:.1} s); of two shards the first holds {share} scopes",
         ws.len(),
         commits.len(),
         t.elapsed().as_secs_f64()
     );
     Sharded { frames, commits }
+}
+
+/// The fold of many small scopes, as `tools/bench scopes_10k` sends them
+/// (10,000 scopes of 4 writers, 18 data ops each, interleaved across the
+/// scopes, so that a commit touches each scope once), one shard, with each
+/// commit's statuses: a new scope's cells and tree growing from empty, and
+/// a root per touched scope per commit; and without the statuses. Per op,
+/// against `fold shards`' 128 scopes of 1,000 ops, it is what the many
+/// scopes cost the fold, and what their statuses' roots cost.
+fn fold_many_scopes(c: &mut Criterion) {
+    const SCOPES: u64 = 10_000;
+    const OPS_PER_SCOPE: usize = 18;
+    let made = std::cell::OnceCell::new();
+    let mut g = c.benchmark_group("fold many scopes");
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(20));
+    g.throughput(Throughput::Elements(SCOPES * OPS_PER_SCOPE as u64));
+    for statuses in [true, false] {
+        let name = format!("{SCOPES} scopes of {OPS_PER_SCOPE} ops, 1 shard, {}", if statuses { "statuses" } else { "no statuses" });
+        g.bench_function(name, |b| {
+            let commits = &made.get_or_init(|| fold_workload(SCOPES, OPS_PER_SCOPE, true)).commits;
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let mut input = as_commits(commits);
+                    if !statuses {
+                        input.iter_mut().for_each(|(_, s)| s.clear());
+                    }
+                    let mut roots = 0usize;
+                    let t = Instant::now();
+                    dagfold::pipeline::fold_stage(Projector::default().split(1), false, input, |_, s| roots += s.len());
+                    total += t.elapsed();
+                    let want = if statuses { SCOPES * OPS_PER_SCOPE as u64 / 2 } else { 0 };
+                    assert!(roots as u64 >= want, "a status per touched scope per commit: {roots}");
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+/// The commits of a fold workload, numbered, as the fold stage takes them.
+fn as_commits(commits: &[(Vec<Fold>, Vec<(Hash, ScopeRecord)>, Vec<ScopeStatus>)]) -> Vec<(Commit, Vec<ScopeStatus>)> {
+    commits
+        .iter()
+        .enumerate()
+        .map(|(n, (folds, records, statuses))| {
+            (Commit { folds: folds.clone(), records: records.clone(), number: n as u64, ..Default::default() }, statuses.clone())
+        })
+        .collect()
 }
 
 /// What the stages before the orderer hand it for one message: an op with
@@ -573,5 +628,5 @@ fn order_stage(c: &mut Criterion) {
 }
 
 criterion_group!(benches, stages, engine_on_rocksdb, commit_stage, order_stage);
-criterion_group!(sharded, fold_shards);
+criterion_group!(sharded, fold_shards, fold_many_scopes);
 criterion_main!(benches, sharded);
