@@ -386,8 +386,12 @@ fn fold_shards(c: &mut Criterion) {
 /// orderer hands them on).
 struct Sharded {
     frames: Vec<Vec<u8>>,
-    commits: Vec<(Vec<Fold>, Vec<(Hash, ScopeRecord)>, Vec<ScopeStatus>)>,
+    commits: Vec<FoldCommit>,
 }
+
+/// One commit of a fold workload: its folds, its scope records, and the
+/// statuses of the scopes it touched.
+type FoldCommit = (Vec<Fold>, Vec<(Hash, ScopeRecord)>, Vec<ScopeStatus>);
 
 fn sharded_workload() -> Sharded {
     fold_workload(SHARDED_SCOPES, SHARDED_OPS_PER_SCOPE, false)
@@ -481,7 +485,7 @@ fn fold_many_scopes(c: &mut Criterion) {
 }
 
 /// The commits of a fold workload, numbered, as the fold stage takes them.
-fn as_commits(commits: &[(Vec<Fold>, Vec<(Hash, ScopeRecord)>, Vec<ScopeStatus>)]) -> Vec<(Commit, Vec<ScopeStatus>)> {
+fn as_commits(commits: &[FoldCommit]) -> Vec<(Commit, Vec<ScopeStatus>)> {
     commits
         .iter()
         .enumerate()

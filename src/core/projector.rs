@@ -28,7 +28,7 @@
 
 use super::commit::{Check, Commit, Fold};
 use super::projection::{set_leaves, Cells, LeafChange};
-use super::smt::Smt;
+use super::smt::{Smt, TogetherScratch};
 use super::tables::{item_cell_write, item_entity_write, scope_meta_key, Cf, Write};
 use crate::protocol::{encode, Action, Hash, PublicKey, ZERO};
 
@@ -101,6 +101,8 @@ pub struct TreeSide {
     checks: Vec<(Hash, Check)>,
     /// Roots of those checks, by scope, while they are compared.
     roots: super::IdMap<Hash, std::collections::VecDeque<Hash>>,
+    /// `roots`' lists, kept between commits.
+    together: TogetherScratch,
     pub stats: ProjectorStats,
 }
 
@@ -282,6 +284,27 @@ impl TreeSide {
     pub fn root(&mut self, scope: &Hash) -> Hash {
         self.settle();
         self.scopes.get_mut(scope).map_or(ZERO, |p| p.smt.root())
+    }
+
+    /// The roots of `scopes`, in order, as `root` gives each: the rehash
+    /// of all their trees done together (`Smt::roots_together`), for the
+    /// statuses of the scopes a commit touched.
+    pub fn roots(&mut self, scopes: &[Hash], out: &mut Vec<Hash>) {
+        self.settle();
+        out.clear();
+        // The trees leave the map for the call (each once: a scope listed
+        // twice, or with no cells, is found missing) and go back after.
+        let mut taken: Vec<(Hash, ScopeTree)> = scopes.iter().filter_map(|s| self.scopes.remove_entry(s)).collect();
+        let mut trees: Vec<&mut Smt> = taken.iter_mut().map(|(_, t)| &mut t.smt).collect();
+        let mut roots = Vec::with_capacity(trees.len());
+        Smt::roots_together(&mut trees, &mut self.together, &mut roots);
+        if taken.len() == scopes.len() {
+            out.extend_from_slice(&roots);
+        } else {
+            let of: super::IdMap<Hash, Hash> = taken.iter().map(|(s, _)| *s).zip(roots.iter().copied()).collect();
+            out.extend(scopes.iter().map(|s| of.get(s).copied().unwrap_or(ZERO)));
+        }
+        self.scopes.extend(taken);
     }
 
     /// The scope root with these leaves set (`FoldSide::leaves_after`),
@@ -626,6 +649,12 @@ mod tests {
             trees.finish_commit(&mut got);
             assert_eq!(got_roots, want_roots, "round {round}: the drafts' roots");
             assert_eq!(format!("{:?}", got.writes), format!("{:?}", want.writes), "round {round}: the writes");
+            // The statuses' roots, together: each scope once (as the
+            // orderer asks), or listed twice and with a scope of no cells.
+            let asked = if round % 2 == 0 { scopes.clone() } else { vec![scopes[2], [7; 32], scopes[0], scopes[2], scopes[1]] };
+            let mut roots = Vec::new();
+            trees.roots(&asked, &mut roots);
+            assert_eq!(roots, asked.iter().map(|s| one.root(s)).collect::<Vec<_>>(), "round {round}: the statuses' roots");
             for scope in &scopes {
                 assert_eq!(trees.root(scope), one.root(scope));
             }

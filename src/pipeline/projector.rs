@@ -241,8 +241,11 @@ impl Trees {
         }
         log.clear();
         self.trees.finish_commit(&mut commit);
-        for st in &mut statuses {
-            st.root = self.trees.root(&st.scope);
+        let scopes: Vec<Hash> = statuses.iter().map(|st| st.scope).collect();
+        let mut roots = Vec::with_capacity(scopes.len());
+        self.trees.roots(&scopes, &mut roots);
+        for (st, root) in statuses.iter_mut().zip(roots) {
+            st.root = root;
         }
         let found = self.trees.stats.divergences;
         self.divergences.increment((found - self.divergences_counted) as f64);
