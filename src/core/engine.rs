@@ -557,41 +557,33 @@ impl Engine {
                 _ => Judgement::Drop(Reason::BadPayload),
             };
         }
-        // Step 2: dependencies.
+        // Step 2: dependencies, each looked up once: what the clauses
+        // below read of them is kept (`metas[i]` is the `i`-th of
+        // `op.dependencies()`: the parents, then a data op's cut).
         let mut missing = Ids::new();
+        let mut metas: smallvec::SmallVec<[AppliedMeta; 8]> = smallvec::SmallVec::new();
         for d in op.dependencies() {
             match self.ops.get(d) {
                 Some(Entry::Dropped { .. }) => return Judgement::Drop(Reason::RejectedDependency),
-                Some(Entry::Applied(_)) => {}
+                Some(Entry::Applied(m)) => metas.push(*m),
                 Some(Entry::Buffered) => missing.push(*d),
-                None => {
-                    if self.cold_meta(d).is_none() {
-                        missing.push(*d);
-                    }
-                }
+                None => match self.cold_meta(d) {
+                    Some(m) => metas.push(m),
+                    None => missing.push(*d),
+                },
             }
         }
         if !missing.is_empty() {
             return Judgement::Pending(missing);
         }
-        for p in &op.parents {
-            let m = self.applied(p).expect("checked applied");
-            if m.scope != scope || m.plane != op.plane {
-                return Judgement::Drop(Reason::WrongPlane);
-            }
+        let (parents, cut) = metas.split_at(op.parents.len());
+        if parents.iter().any(|m| m.scope != scope || m.plane != op.plane)
+            || cut.iter().any(|m| m.scope != scope || m.plane != PLANE_GOVERNANCE)
+        {
+            return Judgement::Drop(Reason::WrongPlane);
         }
-        if op.plane == PLANE_DATA {
-            for c in &op.cut {
-                let m = self.applied(c).expect("checked applied");
-                if m.scope != scope || m.plane != PLANE_GOVERNANCE {
-                    return Judgement::Drop(Reason::WrongPlane);
-                }
-            }
-        }
-        for d in op.dependencies() {
-            if op.hlc <= self.applied(d).expect("checked applied").hlc {
-                return Judgement::Drop(Reason::Clock);
-            }
+        if metas.iter().any(|m| op.hlc <= m.hlc) {
+            return Judgement::Drop(Reason::Clock);
         }
         // Step 3: authorize at the cut.
         let auth = match pre.as_ref().and_then(|p| p.auth) {
@@ -606,9 +598,8 @@ impl Engine {
         }
         if op.plane == PLANE_DATA {
             let mut g: Option<Arc<GovState>> = None;
-            for p in &op.parents {
-                let pcut = self.applied(p).expect("checked applied").cut;
-                let pcut = self.cuts[pcut as usize].clone();
+            for m in &metas[..op.parents.len()] {
+                let pcut = self.cuts[m.cut as usize].clone();
                 if *pcut == *op.cut {
                     continue;
                 }
