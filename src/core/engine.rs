@@ -92,7 +92,10 @@ enum Decrypted {
 }
 
 enum Judgement {
-    Apply(Decrypted),
+    /// With the interned cut of the op's cut ids when the judgement found
+    /// it (a data op whose parent has the same cut), so that the apply
+    /// need not hash and look the cut up again.
+    Apply(Decrypted, Option<u32>),
     Drop(Reason),
     Pending(Ids),
     KeyWait,
@@ -553,7 +556,7 @@ impl Engine {
     fn judge(&mut self, op: &Op, scope: u32, pre: Option<&mut Prepared>) -> Judgement {
         if op.kind() == OpKind::Genesis {
             return match decode_gov_payload(&op.payload) {
-                Ok(p) if genesis_payload_ok(&p) => Judgement::Apply(Decrypted::Gov(op.payload.clone(), p)),
+                Ok(p) if genesis_payload_ok(&p) => Judgement::Apply(Decrypted::Gov(op.payload.clone(), p), None),
                 _ => Judgement::Drop(Reason::BadPayload),
             };
         }
@@ -596,13 +599,15 @@ impl Engine {
             PreAuth::Unauthorized => return Judgement::Drop(Reason::Unauthorized),
             PreAuth::StaleKey => return Judgement::Drop(Reason::StaleKey),
         }
+        let mut same_cut = None;
         if op.plane == PLANE_DATA {
             let mut g: Option<Arc<GovState>> = None;
             for m in &metas[..op.parents.len()] {
-                let pcut = self.cuts[m.cut as usize].clone();
-                if *pcut == *op.cut {
+                if *self.cuts[m.cut as usize] == *op.cut {
+                    same_cut = Some(m.cut);
                     continue;
                 }
+                let pcut = self.cuts[m.cut as usize].clone();
                 let g = g.get_or_insert_with(|| self.gov.state_at(&op.cut));
                 if !pcut.iter().all(|x| g.ancestors.contains(x)) {
                     return Judgement::Drop(Reason::StaleCut);
@@ -613,7 +618,7 @@ impl Engine {
         let mut pre = pre;
         if let Some((p, _)) = pre.as_mut().and_then(|p| p.data.take()) {
             debug_assert_eq!(op.plane, PLANE_DATA, "only a data op's payload is decoded ahead");
-            return Judgement::Apply(Decrypted::Data(p));
+            return Judgement::Apply(Decrypted::Data(p), same_cut);
         }
         let opened = match pre.and_then(|p| p.opened.take()) {
             Some(opened) => opened,
@@ -629,12 +634,12 @@ impl Engine {
         };
         if op.plane == PLANE_GOVERNANCE {
             match decode_gov_payload(&plain) {
-                Ok(p) if governance_payload_ok(&p) => Judgement::Apply(Decrypted::Gov(plain, p)),
+                Ok(p) if governance_payload_ok(&p) => Judgement::Apply(Decrypted::Gov(plain, p), None),
                 _ => Judgement::Drop(Reason::BadPayload),
             }
         } else {
             match decode_data_payload(&plain) {
-                Ok(p) => Judgement::Apply(Decrypted::Data(p)),
+                Ok(p) => Judgement::Apply(Decrypted::Data(p), same_cut),
                 Err(_) => Judgement::Drop(Reason::BadPayload),
             }
         }
@@ -652,10 +657,10 @@ impl Engine {
     ) -> Outcome {
         let scope = self.scope_idx(&op.scope_of(&id));
         match self.judge(&op, scope, pre.as_mut()) {
-            Judgement::Apply(payload) => {
+            Judgement::Apply(payload, cut) => {
                 self.forget_prior(&id, prior.as_deref(), true);
                 let stored = prior.is_some_and(|b| b.in_ops);
-                self.apply(op, bytes, id, scope, payload, stored);
+                self.apply(op, bytes, id, scope, payload, stored, cut);
                 Outcome::Applied
             }
             Judgement::Drop(reason) => {
@@ -863,11 +868,14 @@ impl Engine {
     }
 
     /// Applies an op; `stored`: its encoding is in the ops table already (a
-    /// pending op's, written when it was buffered).
-    fn apply(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, payload: Decrypted, stored: bool) {
+    /// pending op's, written when it was buffered); `cut`: the interned cut
+    /// of its cut ids, if known.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(&mut self, op: Op, bytes: Vec<u8>, id: Hash, scope: u32, payload: Decrypted, stored: bool, cut: Option<u32>) {
         self.stats.applied += 1;
         self.touch(scope);
-        let cut = self.intern_cut(op.cut_ids());
+        debug_assert!(cut.is_none_or(|c| *self.cuts[c as usize] == *op.cut_ids()), "the interned cut of its cut ids");
+        let cut = cut.unwrap_or_else(|| self.intern_cut(op.cut_ids()));
         self.ops.insert(id, Entry::Applied(AppliedMeta { scope, plane: op.plane, hlc: op.hlc, cut }));
         if self.cold.is_some() {
             self.hot_order.push_back((self.commit_number, id));
