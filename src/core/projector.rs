@@ -296,13 +296,10 @@ impl TreeSide {
         // twice, or with no cells, is found missing) and go back after.
         let mut taken: Vec<(Hash, ScopeTree)> = scopes.iter().filter_map(|s| self.scopes.remove_entry(s)).collect();
         let mut trees: Vec<&mut Smt> = taken.iter_mut().map(|(_, t)| &mut t.smt).collect();
-        let mut roots = Vec::with_capacity(trees.len());
-        Smt::roots_together(&mut trees, &mut self.together, &mut roots);
-        if taken.len() == scopes.len() {
-            out.extend_from_slice(&roots);
-        } else {
-            let of: super::IdMap<Hash, Hash> = taken.iter().map(|(s, _)| *s).zip(roots.iter().copied()).collect();
-            out.extend(scopes.iter().map(|s| of.get(s).copied().unwrap_or(ZERO)));
+        Smt::roots_together(&mut trees, &mut self.together, out);
+        if taken.len() != scopes.len() {
+            let of: super::IdMap<Hash, Hash> = taken.iter().map(|(s, _)| *s).zip(out.iter().copied()).collect();
+            *out = scopes.iter().map(|s| of.get(s).copied().unwrap_or(ZERO)).collect();
         }
         self.scopes.extend(taken);
     }

@@ -601,31 +601,54 @@ impl Smt {
                 self.store(t.parent, h);
                 continue;
             }
-            sc.pairs.clear();
-            sc.pairs.extend(nodes.iter().map(|&b| {
-                let k = &self.kids[b as usize].0;
-                (k[0], k[1])
-            }));
-            sha256_tag_pairs(1, &sc.pairs, &mut sc.out);
-            // Wrap up to the depth each is seen from: one level per round,
-            // the rounds' hashes again together.
-            sc.wraps.clear();
-            for (at, &b) in nodes.iter().enumerate() {
-                let t = &self.topo[b as usize];
-                if (t.seen as u16) < t.bit {
-                    let path = self.paths[self.below[b as usize] as usize];
-                    sc.wraps.push(Wrap { at: at as u32, level: t.bit, until: t.seen as u16, path });
-                }
-            }
-            wrap_outs(&mut sc.wraps, &mut sc.pairs, &mut sc.out, &mut sc.wrapped);
-            for (&b, hash) in nodes.iter().zip(&sc.out) {
-                let t = &mut self.topo[b as usize];
-                t.dirty = false;
-                let parent = t.parent;
-                self.store(parent, *hash);
-            }
+            Smt::hash_bit(
+                &mut [&mut *self],
+                nodes.iter().map(|&b| (0, b)),
+                &mut sc.pairs,
+                &mut sc.out,
+                &mut sc.wraps,
+                &mut sc.wrapped,
+            );
         }
         self.scratch = sc;
+    }
+
+    /// Hashes one bit's dirty branches together (four at a time through
+    /// SHA-NI), wraps each up to the depth its parent sees it from (one
+    /// level per round, the rounds' hashes again together), and stores each
+    /// in its parent. `nodes` names each branch by its tree in `trees` and
+    /// its index there; they are independent, a bit's branches being.
+    fn hash_bit(
+        trees: &mut [&mut Smt],
+        nodes: impl Iterator<Item = (usize, u32)> + Clone,
+        pairs: &mut Vec<(Hash, Hash)>,
+        out: &mut Vec<Hash>,
+        wraps: &mut Vec<Wrap>,
+        wrapped: &mut Vec<Hash>,
+    ) {
+        pairs.clear();
+        pairs.extend(nodes.clone().map(|(i, b)| {
+            let k = &trees[i].kids[b as usize].0;
+            (k[0], k[1])
+        }));
+        sha256_tag_pairs(1, pairs, out);
+        wraps.clear();
+        for (at, (i, b)) in nodes.clone().enumerate() {
+            let t = &trees[i];
+            let topo = &t.topo[b as usize];
+            if (topo.seen as u16) < topo.bit {
+                let path = t.paths[t.below[b as usize] as usize];
+                wraps.push(Wrap { at: at as u32, level: topo.bit, until: topo.seen as u16, path });
+            }
+        }
+        wrap_outs(wraps, pairs, out, wrapped);
+        for ((i, b), hash) in nodes.zip(out.iter()) {
+            let t = &mut trees[i];
+            let topo = &mut t.topo[b as usize];
+            topo.dirty = false;
+            let parent = topo.parent;
+            t.store(parent, *hash);
+        }
     }
 
     /// `root()` of each tree, into `out` in order, the rehash of all of
@@ -661,30 +684,7 @@ impl Smt {
             }
             let nodes = &sc.order[start..end];
             start = end;
-            sc.pairs.clear();
-            sc.pairs.extend(nodes.iter().map(|&(_, i, b)| {
-                let k = &trees[i as usize].kids[b as usize].0;
-                (k[0], k[1])
-            }));
-            sha256_tag_pairs(1, &sc.pairs, &mut sc.out);
-            // Wrapped up to the depth each is seen from, as in `rehash`.
-            sc.wraps.clear();
-            for (at, &(_, i, b)) in nodes.iter().enumerate() {
-                let t = &trees[i as usize];
-                let topo = &t.topo[b as usize];
-                if (topo.seen as u16) < topo.bit {
-                    let path = t.paths[t.below[b as usize] as usize];
-                    sc.wraps.push(Wrap { at: at as u32, level: topo.bit, until: topo.seen as u16, path });
-                }
-            }
-            wrap_outs(&mut sc.wraps, &mut sc.pairs, &mut sc.out, &mut sc.wrapped);
-            for (&(_, i, b), hash) in nodes.iter().zip(&sc.out) {
-                let t = &mut trees[i as usize];
-                let topo = &mut t.topo[b as usize];
-                topo.dirty = false;
-                let parent = topo.parent;
-                t.store(parent, *hash);
-            }
+            Smt::hash_bit(trees, nodes.iter().map(|&(_, i, b)| (i as usize, b)), &mut sc.pairs, &mut sc.out, &mut sc.wraps, &mut sc.wrapped);
         }
         out.extend(trees.iter().map(|t| if t.root == NONE { ZERO } else { t.root_hash }));
     }
