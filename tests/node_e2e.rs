@@ -364,6 +364,17 @@ fn memory_stays_bounded_under_a_flood_of_orphans() {
     assert!(rss_after < 512 << 20, "RSS {rss_after} bytes past the bound");
     assert!(n.metric("dagfold_engine_evicted_total") >= (orphans.len() - 4000) as f64);
     assert!(n.metric("dagfold_buffered_ops") <= 4000.0);
+    // The memory gauges (taken about once a second) say where it is: the
+    // buffers hold each op's encoding and its decoded form at least, and
+    // all the parts together are within the process's resident memory.
+    let buffered = n.metric("dagfold_buffered_bytes");
+    assert!(buffered > 0.0);
+    let seen = wait_until(Duration::from_secs(10), || n.metric_with("dagfold_memory_bytes", "part=\"buffers\"") >= 2.0 * buffered);
+    assert!(seen, "buffers' memory {} for {buffered} bytes buffered", n.metric_with("dagfold_memory_bytes", "part=\"buffers\""));
+    assert!(n.metric_with("dagfold_memory_bytes", "part=\"op_index\"") > 0.0);
+    let parts = n.metric("dagfold_memory_bytes");
+    let resident = n.metric("dagfold_process_resident_bytes");
+    assert!(resident > parts && parts > 0.0, "parts {parts}, resident {resident}");
 }
 
 /// The load generator keeps working: a short run with shuffling, duplicates
@@ -391,6 +402,13 @@ fn load_generator_short_run() {
     // The invalid ops were dropped and counted, never applied.
     assert!(n.metric("dagfold_engine_bad_signature_total") > 0.0);
     assert!(n.metric("dagfold_engine_dropped_total") > 0.0);
+    // The memory gauges of the projection, in every shard's series: the
+    // cells and the trees of what was applied.
+    for part in ["cells", "trees", "scopes", "governance"] {
+        let label = format!("part=\"{part}\"");
+        let seen = wait_until(Duration::from_secs(10), || n.metric_with("dagfold_memory_bytes", &label) > 0.0);
+        assert!(seen, "no memory gauge of the {part}");
+    }
 }
 
 /// Three nodes holding 1,000 scopes, none of them gossiped (node 0 applied

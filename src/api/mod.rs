@@ -377,10 +377,23 @@ async fn scope_status(State(state): State<Arc<ApiState>>, axum::extract::Path(sc
     }
 }
 
-/// SPEC §11: Prometheus text exposition.
+/// SPEC §11: Prometheus text exposition, with the process's resident
+/// memory read as it is asked for (`dagfold_memory_bytes{part}` says what
+/// of it the node's own structures hold).
 async fn metrics_text(State(state): State<Arc<ApiState>>) -> Response {
+    if let Some(bytes) = resident_bytes() {
+        metrics::gauge!("dagfold_process_resident_bytes").set(bytes as f64);
+    }
     let text = state.node.metrics.render();
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The process's resident memory (`VmRSS` of `/proc/self/status`), where
+/// there is one.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    Some(kb * 1024)
 }
 
 async fn health() -> Response {

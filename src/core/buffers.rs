@@ -339,6 +339,26 @@ impl Buffers {
         self.scopes[scope as usize].counts
     }
 
+    /// Bytes of memory the buffers hold, for the memory gauges: each op
+    /// (its box, its encoding and, about as large, its decoded form, the
+    /// plaintext kept from the decryptor), and the maps and orders that
+    /// index them.
+    pub(crate) fn heap_bytes(&self) -> u64 {
+        use super::map_bytes;
+        let lists: u64 = self.key_waiters.values().map(|l| (l.capacity() * 32) as u64).sum();
+        let ages = (self.global_order.0.capacity() + self.scopes.iter().map(|s| s.order.0.capacity()).sum::<usize>())
+            * std::mem::size_of::<(u64, Hash)>();
+        self.buffered.len() as u64 * std::mem::size_of::<Buffered>() as u64
+            + 2 * self.bytes_total
+            + self.prepared_bytes_total as u64
+            + map_bytes::<Hash, Box<Buffered>>(self.buffered.capacity())
+            + map_bytes::<Hash, Ids>(self.waiters.capacity())
+            + map_bytes::<Hash, Vec<Hash>>(self.key_waiters.capacity())
+            + lists
+            + (self.data_deadlines.len() * std::mem::size_of::<((u64, u64), Hash)>()) as u64
+            + (ages + self.scopes.capacity() * std::mem::size_of::<ScopeBuffers>()) as u64
+    }
+
     /// Ops buffered and their bytes, all scopes together.
     pub(crate) fn total(&self) -> (u64, u64) {
         (self.buffered.len() as u64, self.bytes_total)

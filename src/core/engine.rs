@@ -101,6 +101,23 @@ enum Judgement {
     KeyWait,
 }
 
+/// The engine's memory by part, in bytes: the capacities of its maps and
+/// lists and what their entries hold, not the allocator's own slack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineMemory {
+    /// The index of known ops (applied, buffered, dropped), the ages of
+    /// its applied and dropped entries, the cold filter.
+    pub op_index: u64,
+    /// Each scope's state (heads, members at its heads), the group keys,
+    /// the interned cuts.
+    pub scopes: u64,
+    /// The governance ops, the scope of every op, the states at cuts
+    /// cached (`Governance::heap_bytes`).
+    pub governance: u64,
+    /// The ops waiting for a dependency or a key (`Buffers::heap_bytes`).
+    pub buffers: u64,
+}
+
 pub struct Engine {
     cfg: Config,
     identity: Identity,
@@ -289,6 +306,33 @@ impl Engine {
     /// Applied ops in the in-memory index, and the bytes of the cold filter.
     pub fn index_sizes(&self) -> (usize, u64) {
         (self.ops.len(), self.cold_filter.heap_bytes())
+    }
+
+    /// The engine's memory by part, for the memory gauges (see
+    /// `EngineMemory`). Walks the scopes and the governance ops, not the
+    /// data ops: for a gauge read about once a second.
+    pub fn memory(&self) -> EngineMemory {
+        use super::map_bytes;
+        let entry = std::mem::size_of::<(u64, Hash)>();
+        let op_index = map_bytes::<Hash, Entry>(self.ops.capacity())
+            + ((self.hot_order.capacity() + self.dropped_order.capacity()) * entry) as u64
+            + map_bytes::<Hash, u64>(self.ops_deleted.capacity())
+            + map_bytes::<Hash, ()>(self.maybe_wanted.capacity())
+            + map_bytes::<(u8, Hash), ()>(self.fresh_buffer_puts.capacity() + self.cancelled_buffer_puts.capacity())
+            + self.cold_filter.heap_bytes();
+        // A set's element costs about its key and a third more in the
+        // B-tree's nodes.
+        let heads: usize = self.scopes.iter().map(|s| s.gov_heads.len() + s.data_heads.len()).sum();
+        let members: usize = self.scopes.iter().filter_map(|s| s.members_at_heads.as_ref()).map(|m| m.len()).sum();
+        let cuts: usize = self.cuts.iter().map(|c| 16 + c.len() * 32).sum();
+        let scopes = (self.scopes.capacity() * std::mem::size_of::<ScopeState>() + heads * 43) as u64
+            + (members * std::mem::size_of::<(PublicKey, Role)>()) as u64
+            + map_bytes::<Hash, u32>(self.scope_index.capacity())
+            + map_bytes::<Hash, [u8; 32]>(self.keys.capacity())
+            + map_bytes::<Hash, ()>(self.followed.capacity())
+            + (self.cuts.capacity() * 16 + cuts) as u64
+            + map_bytes::<Arc<[Hash]>, u32>(self.cut_index.capacity());
+        EngineMemory { op_index, scopes, governance: self.gov.heap_bytes(), buffers: self.buffers.heap_bytes() }
     }
 
     /// An applied op of the cold index, read back from the store. A failed
@@ -1157,6 +1201,27 @@ pub(crate) mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The buffers' memory follows what they hold: a chain parked in
+    /// reverse counts each op's box, encoding and decoded form; released by
+    /// its first op, that part goes and the index holds the applied ops.
+    #[test]
+    fn the_buffers_memory_follows_the_ops_parked() {
+        let (_, data, _, mut e) = chain(200, Config::default());
+        let empty = e.memory();
+        for m in data[1..].iter().rev() {
+            assert_eq!(e.handle_frame(&m.frame, 0), Outcome::NotYet(BufKind::Pending));
+        }
+        let parked = e.memory();
+        let bytes: u64 = data[1..].iter().map(|m| m.frame.len() as u64).sum();
+        let per_op = 199 * std::mem::size_of::<Buffered>() as u64;
+        assert!(parked.buffers >= empty.buffers + per_op + 2 * bytes, "{parked:?} for {bytes} bytes parked");
+        assert_eq!(e.handle_frame(&data[0].frame, 0), Outcome::Applied);
+        let released = e.memory();
+        assert!(released.buffers + per_op + 2 * bytes <= parked.buffers, "{released:?} after {parked:?}");
+        assert!(released.op_index >= super::super::map_bytes::<Hash, Entry>(200), "{released:?}");
+        assert!(released.scopes > 0 && released.governance > 0, "{released:?}");
     }
 
     /// A pending op's encoding is written once: into the ops table when it

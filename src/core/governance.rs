@@ -111,6 +111,33 @@ impl Default for Governance {
 }
 
 impl Governance {
+    /// Bytes of memory held: the index of governance ops (each one's
+    /// parents and actions), the scope of every indexed op, the members
+    /// ever, and the cache of states at cuts (`GovState::weight`'s ~100
+    /// bytes an entry), for the memory gauges. A walk over the governance
+    /// ops and scopes, not over the data ops.
+    pub fn heap_bytes(&self) -> u64 {
+        use super::map_bytes;
+        let nodes: u64 = self
+            .nodes
+            .values()
+            .map(|n| (n.parents.capacity() * 32 + n.actions.capacity() * std::mem::size_of::<GovAction>()) as u64)
+            .sum();
+        let members: u64 = self.members_ever.values().map(|m| map_bytes::<PublicKey, ()>(m.capacity())).sum();
+        let c = &self.cache;
+        let cache = map_bytes::<Vec<Hash>, u32>(c.index.capacity())
+            + (c.slots.capacity() * std::mem::size_of::<CutSlot>()) as u64
+            + c.slots.iter().map(|s| (s.cut.capacity() * 32) as u64).sum::<u64>()
+            + (c.weight * 100) as u64;
+        nodes
+            + map_bytes::<Hash, GovNode>(self.nodes.capacity())
+            + map_bytes::<Hash, Hash>(self.scope_of.capacity())
+            + (self.unscoped.capacity() * 32) as u64
+            + map_bytes::<Hash, super::IdSet<PublicKey>>(self.members_ever.capacity())
+            + members
+            + cache
+    }
+
     /// With a cache of at most `entries` states weighing at most `weight`
     /// in all (`GovState::weight`).
     fn with_cache(entries: usize, weight: usize) -> Self {

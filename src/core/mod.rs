@@ -6,6 +6,13 @@
 pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
+/// Bytes of memory a hash map (or set: `V = ()`) of `capacity` entries of
+/// `(K, V)` holds: its slots and their control bytes (hashbrown's layout),
+/// not what the entries point to. For the memory gauges.
+pub fn map_bytes<K, V>(capacity: usize) -> u64 {
+    (capacity * (std::mem::size_of::<(K, V)>() + 1)) as u64
+}
+
 /// Starts loading the cache line that holds `value`, so that a read of it
 /// soon after overlaps its miss with other work. Changes nothing; nothing
 /// off x86_64.
@@ -41,7 +48,7 @@ pub mod types;
 pub use cold::{ColdOps, ColdReadFailed};
 pub use commit::{Check, Commit, EventOut, Fold};
 pub use draft::{Draft, DraftRefused};
-pub use engine::Engine;
+pub use engine::{Engine, EngineMemory};
 pub use prejudge::{authorize_at, PreAuth, Prepared, VerifiedOp};
 pub use projector::{Projector, ProjectorStats};
 pub use restore::{ScanFailed, TableScan};

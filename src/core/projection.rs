@@ -9,6 +9,7 @@
 //! wants one scope's projection in one place (the workload generator, the
 //! tests).
 
+use super::map_bytes;
 use super::smt::{LeafId, Smt};
 use crate::protocol::crypto::{cell_leaf, cell_path};
 use crate::protocol::{Action, Cell, Hash, Lww, PublicKey};
@@ -57,6 +58,15 @@ pub struct Cells {
     changed: Vec<Hash>,
     /// Of those, the cells created (their index records are written once).
     created: Vec<Hash>,
+    /// The cells' own bytes on the heap: entities, keys, values
+    /// (`value_bytes`), kept as they change (`heap_bytes`).
+    slot_bytes: u64,
+}
+
+/// A cell's value's bytes on the heap (its entity and key are counted
+/// with its slot).
+fn value_bytes(cell: &Cell) -> u64 {
+    cell.lww.as_ref().and_then(|l| l.value.as_ref()).map_or(0, Vec::len) as u64
 }
 
 impl Cells {
@@ -76,6 +86,15 @@ impl Cells {
         self.cells.iter()
     }
 
+    /// Bytes of memory the cells hold: the map's slots, the entities, keys
+    /// and values, the lists of changes (for the memory gauges; kept as
+    /// the cells change, so reading it costs nothing).
+    pub fn heap_bytes(&self) -> u64 {
+        map_bytes::<Hash, CellSlot>(self.cells.capacity())
+            + self.slot_bytes
+            + ((self.changed.capacity() + self.created.capacity()) * 32) as u64
+    }
+
     /// Folds the actions of one data op, and adds the leaves they change to
     /// `leaves`, each once, by path: leaf hashes are computed here, once
     /// per touched cell; the tree is rehashed lazily, by whoever holds it.
@@ -85,13 +104,16 @@ impl Cells {
         for (index, action) in actions.iter().enumerate() {
             let (entity, key) = action.cell();
             let path = cell_path(entity, key);
-            let slot = self.cells.entry(path).or_insert_with(|| CellSlot {
-                entity: entity.to_owned(),
-                key: key.to_vec(),
-                cell: Cell::default(),
-                leaf: LeafId::MAX,
-            });
+            let slot = match self.cells.entry(path) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    self.slot_bytes += (entity.len() + key.len()) as u64;
+                    v.insert(CellSlot { entity: entity.to_owned(), key: key.to_vec(), cell: Cell::default(), leaf: LeafId::MAX })
+                }
+            };
+            let before = value_bytes(&slot.cell);
             fold_action(&mut slot.cell, hlc, author, index as u32, action);
+            self.slot_bytes = self.slot_bytes + value_bytes(&slot.cell) - before;
             touched.push(path);
         }
         // Sort + dedup keeps a payload of thousands of actions on one cell linear-ish.
@@ -155,6 +177,7 @@ impl Cells {
         assert_eq!(cell_path(&entity, &key), path, "a stored cell sits at its own path");
         let leaf = self.cells.len() as LeafId;
         let hash = cell_leaf(&path, &cell);
+        self.slot_bytes += (entity.len() + key.len()) as u64 + value_bytes(&cell);
         assert!(self.cells.insert(path, CellSlot { entity, key, cell, leaf }).is_none(), "a cell restored once");
         LeafChange { leaf, new: true, path, hash }
     }
@@ -284,6 +307,36 @@ mod tests {
         a.sort_by_key(|c| c.0);
         b.sort_by_key(|c| c.0);
         assert_eq!(a, b);
+        for p in [&applied, &asked] {
+            assert_eq!(p.cells().slot_bytes, counted_afresh(p.cells()), "the cells' bytes as kept are those counted afresh");
+        }
+    }
+
+    fn counted_afresh(cells: &Cells) -> u64 {
+        cells.iter().map(|(_, s)| (s.entity.len() + s.key.len()) as u64 + value_bytes(&s.cell)).sum()
+    }
+
+    /// A cell's bytes follow its value (a longer one, a shorter one, a
+    /// tombstone), count its entity and key once, and come back the same
+    /// when the cells are restored from their records.
+    #[test]
+    fn heap_bytes_follow_the_values() {
+        let a = [1u8; 32];
+        let mut p = Projection::default();
+        p.apply(1, &a, &[put(0, &[0; 1000])]);
+        assert_eq!(p.cells().slot_bytes, 1 + 1 + 1000);
+        p.apply(2, &a, &[put(0, &[0; 10]), put(1, &[0; 5])]);
+        assert_eq!(p.cells().slot_bytes, 2 + 10 + 2 + 5);
+        p.apply(1, &a, &[put(1, &[0; 500])]);
+        assert_eq!(p.cells().slot_bytes, 2 + 10 + 2 + 5, "an older put changes nothing");
+        p.apply(3, &a, &[delete(0), add(1, 4)]);
+        assert_eq!(p.cells().slot_bytes, 2 + 2 + 5);
+        assert!(p.cells().heap_bytes() >= p.cells().slot_bytes + map_bytes::<Hash, CellSlot>(2));
+        let mut restored = Cells::default();
+        for (path, s) in p.cells().iter() {
+            restored.restore(*path, s.entity.clone(), s.key.clone(), s.cell.clone());
+        }
+        assert_eq!(restored.slot_bytes, p.cells().slot_bytes);
     }
 
     #[test]

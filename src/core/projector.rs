@@ -27,6 +27,7 @@
 //! fold passed on at once.
 
 use super::commit::{Check, Commit, Fold};
+use super::map_bytes;
 use super::projection::{set_leaves, Cells, LeafChange};
 use super::smt::{Smt, TogetherScratch};
 use super::tables::{item_cell_write, item_entity_write, scope_meta_key, Cf, Write};
@@ -168,6 +169,22 @@ impl FoldSide {
         }
     }
 
+    /// Bytes of memory the cells of every scope hold (`Cells::heap_bytes`,
+    /// the entities remembered as indexed, the map of scopes), for the
+    /// memory gauges: a walk over the scopes, not over their cells.
+    pub fn heap_bytes(&self) -> u64 {
+        let per_scope: u64 = self
+            .scopes
+            .values()
+            .map(|p| {
+                p.cells.heap_bytes()
+                    + map_bytes::<String, ()>(p.indexed.capacity())
+                    + p.indexed.iter().map(|e| e.len() as u64).sum::<u64>()
+            })
+            .sum();
+        per_scope + map_bytes::<Hash, ScopeCells>(self.scopes.capacity()) + (self.touched.capacity() * 32) as u64
+    }
+
     /// Cells in a scope.
     pub fn cells(&self, scope: &Hash) -> usize {
         self.scopes.get(scope).map_or(0, |p| p.cells.len())
@@ -220,6 +237,18 @@ impl FoldSide {
 }
 
 impl TreeSide {
+    /// Bytes of memory the trees of every scope hold (`Smt::heap_bytes`,
+    /// the map of scopes, the checks outstanding), for the memory gauges.
+    pub fn heap_bytes(&self) -> u64 {
+        let trees: u64 = self.scopes.values().map(|p| p.smt.heap_bytes()).sum();
+        let roots: u64 = self.roots.values().map(|r| (r.capacity() * 32) as u64).sum();
+        trees
+            + map_bytes::<Hash, ScopeTree>(self.scopes.capacity())
+            + (self.checks.capacity() * std::mem::size_of::<(Hash, Check)>()) as u64
+            + map_bytes::<Hash, std::collections::VecDeque<Hash>>(self.roots.capacity())
+            + roots
+    }
+
     /// Takes the log's folds up to the first `until` (their leaves set,
     /// their checks queued), those before taken already.
     pub fn take(&mut self, log: &mut TreeLog, until: usize) {
@@ -404,6 +433,12 @@ impl Projector {
     /// Divergences found in a scope since it was created.
     pub fn divergences(&mut self, scope: &Hash) -> u64 {
         self.tree.divergences(scope)
+    }
+
+    /// Bytes of memory the cells and the trees hold (`FoldSide::
+    /// heap_bytes`, `TreeSide::heap_bytes`).
+    pub fn heap_bytes(&self) -> (u64, u64) {
+        (self.fold.heap_bytes(), self.tree.heap_bytes())
     }
 
     /// Cells in a scope.

@@ -70,6 +70,41 @@ impl WaitCounter {
     }
 }
 
+/// How often the memory gauges (`dagfold_memory_bytes`) are taken: their
+/// sums walk every scope (not every op), so about once a second, idle or
+/// not, is their pace.
+pub(super) const MEMORY_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether `MEMORY_EVERY` has passed since it last said so (the first
+/// time: yes).
+#[derive(Default)]
+pub(super) struct Paced(Option<Instant>);
+
+impl Paced {
+    pub(super) fn due(&mut self) -> bool {
+        let now = Instant::now();
+        if self.0.is_some_and(|last| now.duration_since(last) < MEMORY_EVERY) {
+            return false;
+        }
+        self.0 = Some(now);
+        true
+    }
+}
+
+/// `dagfold_memory_bytes{part}` of the engine's parts (`EngineMemory`).
+pub(super) fn publish_engine_memory(engine: &Engine) {
+    let m = engine.memory();
+    for (part, bytes) in [("op_index", m.op_index), ("scopes", m.scopes), ("governance", m.governance), ("buffers", m.buffers)] {
+        gauge!("dagfold_memory_bytes", "part" => part).set(bytes as f64);
+    }
+}
+
+/// `dagfold_memory_bytes{part, shard}` of a projector shard's cells or
+/// trees (`FoldSide::heap_bytes`, `TreeSide::heap_bytes`).
+pub(super) fn shard_memory_gauge(part: &'static str, shard: usize) -> metrics::Gauge {
+    gauge!("dagfold_memory_bytes", "part" => part, "shard" => shard.to_string())
+}
+
 pub(super) fn publish_engine_stats(engine: &mut Engine) {
     let s = &engine.stats;
     gauge!("dagfold_engine_applied_total").set(s.applied as f64);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use metrics::{counter, gauge, histogram};
 
-use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_stats, WaitCounter};
+use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_memory, publish_engine_stats, Paced, WaitCounter};
 use super::policy::{InFlight, OrderPolicy};
 use super::projector::{HeartbeatCheck, ToProject};
 use super::shards::Split;
@@ -75,6 +75,7 @@ pub(super) fn run(
     let mut heartbeats: Vec<HeartbeatCheck> = Vec::new();
     let mut authoring = Authoring::default();
     let mut in_flight = InFlight::default();
+    let mut memory = Paced::default();
     while open || engine.cascade_remaining() {
         // Group commit: keep folding batches into this commit while the
         // one before waits for the projector, or two handed over are not
@@ -199,6 +200,11 @@ pub(super) fn run(
             let ids = engine.wanted(crate::protocol::node::SYNC_IDS_MAX);
             let scopes = engine.wanted_scopes(&ids);
             *shared.wanted.lock().unwrap() = crate::peering::Wanted { ids, scopes };
+        }
+        // Idle rounds too: the buffers change with no commit (a data op's
+        // key wait expires, an orphan is evicted).
+        if memory.due() {
+            publish_engine_memory(engine);
         }
         if commit.is_empty()
             && commit.applied.is_empty()

@@ -15,7 +15,7 @@ use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
 use super::author::{Composer, RootRequest};
 use super::committer::ToCommit;
-use super::metrics::note_age;
+use super::metrics::{note_age, shard_memory_gauge, Paced, MEMORY_EVERY};
 use super::ConnId;
 use crate::core::projector::{FoldSide, TreeLog, TreeSide};
 use crate::core::{Commit, Projector, ScopeStatus};
@@ -73,16 +73,47 @@ pub(super) fn run(
     let (mut cells, trees) = projector.into_sides();
     let mut trees = Trees::new(shard, trees, tx, heartbeat_divergences, composer);
     let mut log = TreeLog::default();
-    for m in rx {
-        let t = Instant::now();
-        if shard == 0 {
-            note_age("project", m.received);
+    let mut memory = CellsMemory::new(shard);
+    while let Some(m) = next_part(&rx) {
+        if let Some(m) = m {
+            let t = Instant::now();
+            let folded = fold_part(shard, &mut cells, m, log, &trees.composer.author);
+            match trees.take(folded, t) {
+                Some(back) => log = back,
+                None => return,
+            }
         }
-        let folded = fold_part(&mut cells, m, log, &trees.composer.author);
-        match trees.take(folded, t) {
-            Some(back) => log = back,
-            None => return,
+        if memory.publish(&cells) {
+            trees.publish_memory();
         }
+    }
+}
+
+/// `dagfold_memory_bytes{part="cells"}` of a shard, taken at its pace.
+struct CellsMemory(Paced, Gauge);
+
+impl CellsMemory {
+    fn new(shard: usize) -> CellsMemory {
+        CellsMemory(Paced::default(), shard_memory_gauge("cells", shard))
+    }
+
+    /// Sets the gauge if it is due; whether it was.
+    fn publish(&mut self, cells: &FoldSide) -> bool {
+        let due = self.0.due();
+        if due {
+            self.1.set(cells.heap_bytes() as f64);
+        }
+        due
+    }
+}
+
+/// The next part from `rx`: `Some(None)` after `MEMORY_EVERY` without one
+/// (the memory gauges are taken idle too), `None` once it is closed.
+fn next_part<T>(rx: &Receiver<T>) -> Option<Option<T>> {
+    match rx.recv_timeout(MEMORY_EVERY) {
+        Ok(m) => Some(Some(m)),
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => Some(None),
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => None,
     }
 }
 
@@ -92,19 +123,20 @@ pub(super) fn run(
 pub(super) fn run_fold(shard: usize, mut cells: FoldSide, rx: Receiver<ToProject>, tx: Sender<Folded>, author: PublicKey, logs: Receiver<TreeLog>) {
     let stage = histogram!("dagfold_stage_seconds", "stage" => "fold", "shard" => shard.to_string());
     let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "trees", "shard" => shard.to_string());
-    for m in rx {
-        let t = Instant::now();
-        if shard == 0 {
-            note_age("project", m.received);
+    let mut memory = CellsMemory::new(shard);
+    while let Some(m) = next_part(&rx) {
+        if let Some(m) = m {
+            let t = Instant::now();
+            let log = logs.try_recv().unwrap_or_default();
+            let folded = fold_part(shard, &mut cells, m, log, &author);
+            stage.record(t.elapsed().as_secs_f64());
+            let t_send = Instant::now();
+            if tx.send(folded).is_err() {
+                return;
+            }
+            waited.increment(t_send.elapsed().as_micros() as u64);
         }
-        let log = logs.try_recv().unwrap_or_default();
-        let folded = fold_part(&mut cells, m, log, &author);
-        stage.record(t.elapsed().as_secs_f64());
-        let t_send = Instant::now();
-        if tx.send(folded).is_err() {
-            return;
-        }
-        waited.increment(t_send.elapsed().as_micros() as u64);
+        memory.publish(&cells);
     }
 }
 
@@ -121,12 +153,18 @@ pub(super) fn run_tree(
     logs: Sender<TreeLog>,
 ) {
     let mut trees = Trees::new(shard, trees, tx, heartbeat_divergences, composer);
-    for f in rx {
-        match trees.take(f, Instant::now()) {
-            Some(back) => {
-                let _ = logs.try_send(back);
+    let mut memory = Paced::default();
+    while let Some(f) = next_part(&rx) {
+        if let Some(f) = f {
+            match trees.take(f, Instant::now()) {
+                Some(back) => {
+                    let _ = logs.try_send(back);
+                }
+                None => return,
             }
-            None => return,
+        }
+        if memory.due() {
+            trees.publish_memory();
         }
     }
 }
@@ -159,7 +197,10 @@ pub(super) fn shard_threads(
 
 /// A part's folds through the cells, at their points the root requests'
 /// leaves; its cells' writes added to its commit's.
-fn fold_part(cells: &mut FoldSide, mut part: ToProject, mut log: TreeLog, author: &PublicKey) -> Folded {
+fn fold_part(shard: usize, cells: &mut FoldSide, mut part: ToProject, mut log: TreeLog, author: &PublicKey) -> Folded {
+    if shard == 0 {
+        note_age("project", part.received);
+    }
     let folds = std::mem::take(&mut part.commit.folds);
     let mut leaves = Vec::with_capacity(part.roots.len());
     let mut roots = part.roots.iter().peekable();
@@ -189,6 +230,8 @@ struct Trees {
     /// The divergences found over all shards (each adds its own).
     divergences: Gauge,
     divergences_counted: u64,
+    /// `dagfold_memory_bytes{part="trees"}` of this shard.
+    memory: Gauge,
 }
 
 impl Trees {
@@ -207,7 +250,12 @@ impl Trees {
             compose: histogram!("dagfold_stage_seconds", "stage" => "compose", "shard" => label.clone()),
             queue: gauge!("dagfold_queue_batches", "stage" => "commit", "shard" => label),
             divergences,
+            memory: shard_memory_gauge("trees", shard),
         }
+    }
+
+    fn publish_memory(&self) {
+        self.memory.set(self.trees.heap_bytes() as f64);
     }
 
     /// Finishes a part: its folds' leaves set and checks made, with the

@@ -92,6 +92,17 @@ impl NodeProc {
             .sum()
     }
 
+    /// The sum of a metric's series whose labels include `label` (e.g.
+    /// `part="cells"`).
+    pub fn metric_with(&self, name: &str, label: &str) -> f64 {
+        let Some((_, text)) = self.get("/metrics") else { return 0.0 };
+        let prefix = format!("{name}{{");
+        text.lines()
+            .filter(|l| l.starts_with(&prefix) && l.split('}').next().is_some_and(|labels| labels.contains(label)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
