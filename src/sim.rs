@@ -991,6 +991,18 @@ impl Sim {
         }
         let r = n.running.as_mut().expect("up");
         n.kept.extend(r.buffered.drain(..));
+        // What the commit forgot (its ops record deleted, not put again:
+        // a key wait's deadline) is no longer kept, though the engine may
+        // know it again before a crash (judged afresh, not yet durable).
+        let mut ops_last: BTreeMap<&[u8], bool> = BTreeMap::new();
+        for w in &commit.writes {
+            match w {
+                crate::core::Write::Put(crate::core::Cf::Ops, k, _) => ops_last.insert(k, true),
+                crate::core::Write::Delete(crate::core::Cf::Ops, k) => ops_last.insert(k, false),
+                _ => None,
+            };
+        }
+        n.kept.retain(|id| ops_last.get(id.as_slice()) != Some(&false));
         for (id, _) in &commit.applied {
             if !n.applied.insert(*id) {
                 return Err(format!("node {node}: op {} applied twice", short(id)));
