@@ -13,6 +13,7 @@ pub mod client;
 pub mod client_commands;
 pub mod core;
 pub mod durable;
+pub mod idle;
 #[cfg(feature = "rocksdb-store")]
 pub mod export;
 pub mod limits;

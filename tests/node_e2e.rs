@@ -404,7 +404,7 @@ fn load_generator_short_run() {
     assert!(n.metric("dagfold_engine_dropped_total") > 0.0);
     // The memory gauges of the projection, in every shard's series: the
     // cells and the trees of what was applied.
-    for part in ["cells", "trees", "scopes", "governance"] {
+    for part in ["cells", "trees", "scopes", "governance", "governance_replica", "key_cache", "verified_cache"] {
         let label = format!("part=\"{part}\"");
         let seen = wait_until(Duration::from_secs(10), || n.metric_with("dagfold_memory_bytes", &label) > 0.0);
         assert!(seen, "no memory gauge of the {part}");

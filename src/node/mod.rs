@@ -131,6 +131,8 @@ pub fn run(cfg: NodeConfig) -> Result<(), NodeError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.network_threads.max(1))
         .thread_name("dagfold-net")
+        .on_thread_park(crate::idle::on_park)
+        .on_thread_unpark(crate::idle::on_unpark)
         .enable_all()
         .build()?;
     let (ingest_tx, ingest_rx) = mpsc::channel::<Work>(INGEST_QUEUE_ITEMS);

@@ -21,7 +21,7 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Govern
     // Restores ingest order; holds at most the batches in flight.
     let mut next = 0u64;
     let mut held: BTreeMap<u64, Batch> = BTreeMap::new();
-    for batch in rx {
+    for batch in crate::idle::recv(&rx) {
         held.insert(batch.seq, batch);
         while let Some(mut batch) = held.remove(&next) {
             next += 1;

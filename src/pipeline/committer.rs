@@ -81,7 +81,7 @@ pub(super) fn run<S: Store>(
     let publisher = std::thread::Builder::new()
         .name("dagfold-publish".into())
         .spawn(move || {
-            for w in written {
+            for w in crate::idle::recv(&written) {
                 match w {
                     Written::Commits(commits) => {
                         for c in commits {
@@ -114,7 +114,7 @@ pub(super) fn run<S: Store>(
 /// The encoder's loop: each commit joined from its parts, in commit order,
 /// its writes encoded as the store's batch when the store has an encoder.
 /// Ends when the shards are gone, or the committer.
-fn encode_all(parts: Join, encoder: Option<BatchEncoder>, to_write: crossbeam_channel::Sender<ToWrite>) {
+fn encode_all(mut parts: Join, encoder: Option<BatchEncoder>, to_write: crossbeam_channel::Sender<ToWrite>) {
     while let Some(c) = parts.recv() {
         let t = Instant::now();
         let e = encoder.as_ref().map(|e| e.encode(&c.0.writes));
@@ -136,7 +136,7 @@ fn write_all<S: Store>(
 ) {
     let mut group: Vec<ToWrite> = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
     let mut sized: Option<Instant> = None;
-    while let Ok(first) = encoded.recv() {
+    for first in crate::idle::recv(&encoded) {
         if sized.is_none_or(|t| t.elapsed() >= TABLE_BYTES_INTERVAL) {
             sized = Some(Instant::now());
             publish_table_bytes(store);

@@ -25,7 +25,7 @@ pub(super) fn run(
     identity: &Identity,
     gate: &gate::ByteGate,
 ) {
-    for mut batch in rx {
+    for mut batch in crate::idle::recv(&rx) {
         let t = Instant::now();
         note_age("decrypt", batch.received);
         {

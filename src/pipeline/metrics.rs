@@ -91,10 +91,22 @@ impl Paced {
     }
 }
 
-/// `dagfold_memory_bytes{part}` of the engine's parts (`EngineMemory`).
-pub(super) fn publish_engine_memory(engine: &Engine) {
+/// `dagfold_memory_bytes{part}` of the engine's parts (`EngineMemory`),
+/// of the replica of its governance index the authorizer judges with, and
+/// of the verifiers' caches (decompressed keys, signatures found valid).
+pub(super) fn publish_engine_memory(engine: &Engine, shared: &super::PipelineState) {
     let m = engine.memory();
-    for (part, bytes) in [("op_index", m.op_index), ("scopes", m.scopes), ("governance", m.governance), ("buffers", m.buffers)] {
+    let replica = shared.governance.read().expect("governance replica lock").heap_bytes();
+    let parts = [
+        ("op_index", m.op_index),
+        ("scopes", m.scopes),
+        ("governance", m.governance),
+        ("governance_replica", replica),
+        ("buffers", m.buffers),
+        ("key_cache", crate::protocol::sig::key_cache_bytes()),
+        ("verified_cache", shared.verified.heap_bytes()),
+    ];
+    for (part, bytes) in parts {
         gauge!("dagfold_memory_bytes", "part" => part).set(bytes as f64);
     }
 }

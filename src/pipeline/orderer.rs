@@ -76,6 +76,7 @@ pub(super) fn run(
     let mut authoring = Authoring::default();
     let mut in_flight = InFlight::default();
     let mut memory = Paced::default();
+    let mut spell = crate::idle::Spell::default();
     while open || engine.cascade_remaining() {
         // Group commit: keep folding batches into this commit while the
         // one before waits for the projector, or two handed over are not
@@ -204,7 +205,7 @@ pub(super) fn run(
         // Idle rounds too: the buffers change with no commit (a data op's
         // key wait expires, an orphan is evicted).
         if memory.due() {
-            publish_engine_memory(engine);
+            publish_engine_memory(engine, &shared);
         }
         if commit.is_empty()
             && commit.applied.is_empty()
@@ -214,8 +215,10 @@ pub(super) fn run(
             && authoring.roots.is_empty()
         {
             last_received = Instant::now();
+            spell.idle();
             continue;
         }
+        spell.worked();
         histogram!("dagfold_stage_seconds", "stage" => "order").record(t.elapsed().as_secs_f64());
         // Feed the replicas before the next batch reaches the authorizer.
         if !commit.gov_applied.is_empty() {

@@ -17,6 +17,7 @@ use super::author::{Composer, RootRequest};
 use super::committer::ToCommit;
 use super::metrics::{note_age, shard_memory_gauge, Paced, MEMORY_EVERY};
 use super::ConnId;
+use crate::idle::Spell;
 use crate::core::projector::{FoldSide, TreeLog, TreeSide};
 use crate::core::{Commit, Projector, ScopeStatus};
 use crate::protocol::{Hash, PublicKey};
@@ -74,7 +75,8 @@ pub(super) fn run(
     let mut trees = Trees::new(shard, trees, tx, heartbeat_divergences, composer);
     let mut log = TreeLog::default();
     let mut memory = CellsMemory::new(shard);
-    while let Some(m) = next_part(&rx) {
+    let mut spell = Spell::default();
+    while let Some(m) = next_part(&rx, &mut spell) {
         if let Some(m) = m {
             let t = Instant::now();
             let folded = fold_part(shard, &mut cells, m, log, &trees.composer.author);
@@ -108,11 +110,18 @@ impl CellsMemory {
 }
 
 /// The next part from `rx`: `Some(None)` after `MEMORY_EVERY` without one
-/// (the memory gauges are taken idle too), `None` once it is closed.
-fn next_part<T>(rx: &Receiver<T>) -> Option<Option<T>> {
+/// (the memory gauges are taken idle too, and the thread's freed memory
+/// collected once per idle spell), `None` once it is closed.
+fn next_part<T>(rx: &Receiver<T>, spell: &mut Spell) -> Option<Option<T>> {
     match rx.recv_timeout(MEMORY_EVERY) {
-        Ok(m) => Some(Some(m)),
-        Err(crossbeam_channel::RecvTimeoutError::Timeout) => Some(None),
+        Ok(m) => {
+            spell.worked();
+            Some(Some(m))
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            spell.idle();
+            Some(None)
+        }
         Err(crossbeam_channel::RecvTimeoutError::Disconnected) => None,
     }
 }
@@ -124,7 +133,8 @@ pub(super) fn run_fold(shard: usize, mut cells: FoldSide, rx: Receiver<ToProject
     let stage = histogram!("dagfold_stage_seconds", "stage" => "fold", "shard" => shard.to_string());
     let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "trees", "shard" => shard.to_string());
     let mut memory = CellsMemory::new(shard);
-    while let Some(m) = next_part(&rx) {
+    let mut spell = Spell::default();
+    while let Some(m) = next_part(&rx, &mut spell) {
         if let Some(m) = m {
             let t = Instant::now();
             let log = logs.try_recv().unwrap_or_default();
@@ -154,7 +164,8 @@ pub(super) fn run_tree(
 ) {
     let mut trees = Trees::new(shard, trees, tx, heartbeat_divergences, composer);
     let mut memory = Paced::default();
-    while let Some(f) = next_part(&rx) {
+    let mut spell = Spell::default();
+    while let Some(f) = next_part(&rx, &mut spell) {
         if let Some(f) = f {
             match trees.take(f, Instant::now()) {
                 Some(back) => {

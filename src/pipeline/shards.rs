@@ -35,6 +35,8 @@ pub(super) struct Split {
 /// joined.
 pub(super) struct Join {
     shards: Vec<Receiver<ToCommit>>,
+    /// The joining thread's idle spells (`crate::idle`).
+    spell: crate::idle::Spell,
 }
 
 /// A shard's channels: its parts in, its folded parts out.
@@ -49,7 +51,7 @@ pub(super) struct ShardIo {
 pub(super) fn channels(shards: usize) -> (Split, Vec<ShardIo>, Join) {
     assert!((1..=crate::limits::PROJECTOR_SHARDS_MAX).contains(&shards), "projector shards out of bounds");
     let mut split = Split { shards: Vec::with_capacity(shards) };
-    let mut join = Join { shards: Vec::with_capacity(shards) };
+    let mut join = Join { shards: Vec::with_capacity(shards), spell: Default::default() };
     let mut io = Vec::with_capacity(shards);
     for _ in 0..shards {
         let (tx_in, rx_in) = bounded::<ToProject>(COMMIT_SLOTS);
@@ -140,9 +142,19 @@ pub(super) fn split(m: ToProject, shards: usize) -> Vec<ToProject> {
 impl Join {
     /// The next commit, its parts joined: the first part's with the other
     /// parts' writes after its own, and the statuses in scope order (as
-    /// the orderer made them); none once the shards are gone.
-    pub(super) fn recv(&self) -> Option<ToCommit> {
-        let (mut commit, mut statuses, conns, received) = self.shards[0].recv().ok()?;
+    /// the orderer made them); none once the shards are gone. The thread
+    /// collects its freed memory once per idle spell.
+    pub(super) fn recv(&mut self) -> Option<ToCommit> {
+        let (mut commit, mut statuses, conns, received) = loop {
+            match self.shards[0].recv_timeout(crate::idle::IDLE) {
+                Ok(part) => break part,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    self.spell.idle();
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return None,
+            }
+        };
+        self.spell.worked();
         if self.shards.len() == 1 {
             return Some((commit, statuses, conns, received));
         }
@@ -170,7 +182,7 @@ pub fn fold_stage(
     commits: Vec<(Commit, Vec<crate::core::ScopeStatus>)>,
     mut on_commit: impl FnMut(Commit, Vec<crate::core::ScopeStatus>),
 ) {
-    let (split, io, join) = channels(projectors.len());
+    let (split, io, mut join) = channels(projectors.len());
     let heartbeat_divergences = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     std::thread::scope(|s| {
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -288,7 +300,7 @@ mod tests {
         assert!(parts[1].commit.writes.is_empty() && parts[1].commit.applied.is_empty() && parts[1].conns.is_empty());
         assert!(parts.iter().all(|p| p.commit.number == 7));
 
-        let (_split, io, join) = channels(2);
+        let (_split, io, mut join) = channels(2);
         let mut folded: Vec<ToCommit> = parts
             .into_iter()
             .enumerate()

@@ -37,6 +37,12 @@ impl VerifiedCache {
         VerifiedCache { slots: Mutex::new(vec![None; slots].into_boxed_slice()) }
     }
 
+    /// Bytes of memory the slots hold (fixed), for the memory gauges.
+    pub fn heap_bytes(&self) -> u64 {
+        let n = self.slots.lock().expect("verified cache lock").len();
+        (n * std::mem::size_of::<Option<(Hash, [u8; 64])>>()) as u64
+    }
+
     /// For each `(id, signature)`: true when that pair was recorded valid.
     pub fn known_valid<'a>(&self, items: impl Iterator<Item = (&'a Hash, &'a [u8; 64])>) -> Vec<bool> {
         let slots = self.slots.lock().expect("verified cache lock");

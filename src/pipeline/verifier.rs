@@ -32,7 +32,7 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::Veri
     // the verifiers.
     let key_hits = gauge!("dagfold_key_cache_hits_total");
     let key_misses = gauge!("dagfold_key_cache_misses_total");
-    for mut batch in rx {
+    for mut batch in crate::idle::recv(&rx) {
         let t = Instant::now();
         note_age("verify", batch.received);
         let ops: Vec<(&Hash, &Op)> = batch

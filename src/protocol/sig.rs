@@ -172,6 +172,19 @@ pub fn key_cache_counts() -> (u64, u64) {
     KEYS.counts()
 }
 
+/// Bytes of memory the node's key cache holds (its maps' slots), for the
+/// memory gauges.
+pub fn key_cache_bytes() -> u64 {
+    let slot = std::mem::size_of::<([u8; 32], Option<EdwardsPoint>)>() + 1;
+    KEYS.shards
+        .iter()
+        .map(|s| {
+            let g = s.lock().unwrap_or_else(|p| p.into_inner());
+            ((g.newer.capacity() + g.older.capacity()) * slot) as u64
+        })
+        .sum()
+}
+
 /// Shards of a `KeyCache`, chosen by a key's first byte: a verifier holds
 /// one shard's lock for one lookup or insert, so many verifiers rarely meet.
 const KEY_CACHE_SHARDS: usize = 16;
