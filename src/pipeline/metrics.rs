@@ -70,24 +70,35 @@ impl WaitCounter {
     }
 }
 
-/// How often the memory gauges (`dagfold_memory_bytes`) are taken: their
-/// sums walk every scope (not every op), so about once a second, idle or
-/// not, is their pace.
+/// How often the memory gauges (`dagfold_memory_bytes`) are taken at most:
+/// their sums walk every scope (not every op), so about once a second,
+/// idle or not, is their pace.
 pub(super) const MEMORY_EVERY: Duration = Duration::from_secs(1);
 
-/// Whether `MEMORY_EVERY` has passed since it last said so (the first
-/// time: yes).
-#[derive(Default)]
-pub(super) struct Paced(Option<Instant>);
+/// The memory gauges' pace on one thread: at most once per `MEMORY_EVERY`,
+/// and their walk at most 1% of the thread's time (after a walk of `d`, the
+/// next waits `100 × d` at least: with a million scopes, say).
+pub(super) struct Paced {
+    last: Option<Instant>,
+    every: Duration,
+}
+
+impl Default for Paced {
+    fn default() -> Self {
+        Paced { last: None, every: MEMORY_EVERY }
+    }
+}
 
 impl Paced {
-    pub(super) fn due(&mut self) -> bool {
+    /// Runs `walk` if it is due (the first time: yes).
+    pub(super) fn run(&mut self, walk: impl FnOnce()) {
         let now = Instant::now();
-        if self.0.is_some_and(|last| now.duration_since(last) < MEMORY_EVERY) {
-            return false;
+        if self.last.is_some_and(|last| now.duration_since(last) < self.every) {
+            return;
         }
-        self.0 = Some(now);
-        true
+        walk();
+        self.every = MEMORY_EVERY.max(now.elapsed() * 100);
+        self.last = Some(now);
     }
 }
 
@@ -144,4 +155,36 @@ pub(super) fn publish_engine_stats(engine: &mut Engine) {
     gauge!("dagfold_governance_cache_misses_total").set(misses as f64);
     let age_ms = engine.oldest_buffered_since_ms().map(|t| now_ms().saturating_sub(t)).unwrap_or(0);
     gauge!("dagfold_buffered_oldest_age_seconds").set(age_ms as f64 / 1000.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memory gauges' walk runs at once, then not within
+    /// `MEMORY_EVERY`; a walk that took `d` puts the next `100 × d` away.
+    #[test]
+    fn the_memory_walk_keeps_its_pace() {
+        let mut paced = Paced::default();
+        let mut walks = 0;
+        paced.run(|| walks += 1);
+        paced.run(|| walks += 1);
+        assert_eq!(walks, 1, "not again within MEMORY_EVERY");
+        std::thread::sleep(MEMORY_EVERY);
+        // A slow walk: 15 ms or more, so the next waits 1.5 s at least,
+        // and 100 times the walk's time at most.
+        let t = Instant::now();
+        paced.run(|| {
+            walks += 1;
+            std::thread::sleep(Duration::from_millis(15));
+        });
+        let walked = t.elapsed();
+        assert_eq!(walks, 2);
+        std::thread::sleep((t + MEMORY_EVERY + Duration::from_millis(100)).saturating_duration_since(Instant::now()));
+        paced.run(|| walks += 1);
+        assert_eq!(walks, 2, "a walk of 15 ms is 1% of 1.5 s");
+        std::thread::sleep((t + walked * 100 + Duration::from_millis(50)).saturating_duration_since(Instant::now()));
+        paced.run(|| walks += 1);
+        assert_eq!(walks, 3);
+    }
 }

@@ -204,9 +204,7 @@ pub(super) fn run(
         }
         // Idle rounds too: the buffers change with no commit (a data op's
         // key wait expires, an orphan is evicted).
-        if memory.due() {
-            publish_engine_memory(engine, &shared);
-        }
+        memory.run(|| publish_engine_memory(engine, &shared));
         if commit.is_empty()
             && commit.applied.is_empty()
             && commit.delivered.is_empty()

@@ -74,7 +74,7 @@ pub(super) fn run(
     let (mut cells, trees) = projector.into_sides();
     let mut trees = Trees::new(shard, trees, tx, heartbeat_divergences, composer);
     let mut log = TreeLog::default();
-    let mut memory = CellsMemory::new(shard);
+    let (mut memory, cells_memory) = (Paced::default(), shard_memory_gauge("cells", shard));
     let mut spell = Spell::default();
     while let Some(m) = next_part(&rx, &mut spell) {
         if let Some(m) = m {
@@ -85,27 +85,10 @@ pub(super) fn run(
                 None => return,
             }
         }
-        if memory.publish(&cells) {
+        memory.run(|| {
+            cells_memory.set(cells.heap_bytes() as f64);
             trees.publish_memory();
-        }
-    }
-}
-
-/// `dagfold_memory_bytes{part="cells"}` of a shard, taken at its pace.
-struct CellsMemory(Paced, Gauge);
-
-impl CellsMemory {
-    fn new(shard: usize) -> CellsMemory {
-        CellsMemory(Paced::default(), shard_memory_gauge("cells", shard))
-    }
-
-    /// Sets the gauge if it is due; whether it was.
-    fn publish(&mut self, cells: &FoldSide) -> bool {
-        let due = self.0.due();
-        if due {
-            self.1.set(cells.heap_bytes() as f64);
-        }
-        due
+        });
     }
 }
 
@@ -132,7 +115,7 @@ fn next_part<T>(rx: &Receiver<T>, spell: &mut Spell) -> Option<Option<T>> {
 pub(super) fn run_fold(shard: usize, mut cells: FoldSide, rx: Receiver<ToProject>, tx: Sender<Folded>, author: PublicKey, logs: Receiver<TreeLog>) {
     let stage = histogram!("dagfold_stage_seconds", "stage" => "fold", "shard" => shard.to_string());
     let waited = counter!("dagfold_projector_waited_microseconds_total", "on" => "trees", "shard" => shard.to_string());
-    let mut memory = CellsMemory::new(shard);
+    let (mut memory, cells_memory) = (Paced::default(), shard_memory_gauge("cells", shard));
     let mut spell = Spell::default();
     while let Some(m) = next_part(&rx, &mut spell) {
         if let Some(m) = m {
@@ -146,7 +129,7 @@ pub(super) fn run_fold(shard: usize, mut cells: FoldSide, rx: Receiver<ToProject
             }
             waited.increment(t_send.elapsed().as_micros() as u64);
         }
-        memory.publish(&cells);
+        memory.run(|| cells_memory.set(cells.heap_bytes() as f64));
     }
 }
 
@@ -174,9 +157,7 @@ pub(super) fn run_tree(
                 None => return,
             }
         }
-        if memory.due() {
-            trees.publish_memory();
-        }
+        memory.run(|| trees.publish_memory());
     }
 }
 
