@@ -60,11 +60,11 @@ impl Spell {
     }
 }
 
-/// The items of `rx` until it is closed and empty, as its iterator gives
-/// them, the thread collecting once per idle spell of `IDLE`.
-pub fn recv<T>(rx: &Receiver<T>) -> impl Iterator<Item = T> + '_ {
-    let mut spell = Spell::default();
-    std::iter::from_fn(move || loop {
+/// The next item of `rx`, waiting as long as it takes, the thread
+/// collecting once per idle spell of `IDLE` (`spell`); none once `rx` is
+/// closed and empty.
+pub fn next<T>(rx: &Receiver<T>, spell: &mut Spell) -> Option<T> {
+    loop {
         match rx.recv_timeout(IDLE) {
             Ok(item) => {
                 spell.worked();
@@ -75,7 +75,14 @@ pub fn recv<T>(rx: &Receiver<T>) -> impl Iterator<Item = T> + '_ {
             }
             Err(RecvTimeoutError::Disconnected) => return None,
         }
-    })
+    }
+}
+
+/// The items of `rx` until it is closed and empty, as its iterator gives
+/// them, the thread collecting once per idle spell (`next`).
+pub fn recv<T>(rx: &Receiver<T>) -> impl Iterator<Item = T> + '_ {
+    let mut spell = Spell::default();
+    std::iter::from_fn(move || next(rx, &mut spell))
 }
 
 thread_local! {

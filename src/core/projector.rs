@@ -435,12 +435,6 @@ impl Projector {
         self.tree.divergences(scope)
     }
 
-    /// Bytes of memory the cells and the trees hold (`FoldSide::
-    /// heap_bytes`, `TreeSide::heap_bytes`).
-    pub fn heap_bytes(&self) -> (u64, u64) {
-        (self.fold.heap_bytes(), self.tree.heap_bytes())
-    }
-
     /// Cells in a scope.
     pub fn cells(&self, scope: &Hash) -> usize {
         self.fold.cells(scope)

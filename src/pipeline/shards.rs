@@ -145,16 +145,7 @@ impl Join {
     /// the orderer made them); none once the shards are gone. The thread
     /// collects its freed memory once per idle spell.
     pub(super) fn recv(&mut self) -> Option<ToCommit> {
-        let (mut commit, mut statuses, conns, received) = loop {
-            match self.shards[0].recv_timeout(crate::idle::IDLE) {
-                Ok(part) => break part,
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    self.spell.idle();
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return None,
-            }
-        };
-        self.spell.worked();
+        let (mut commit, mut statuses, conns, received) = crate::idle::next(&self.shards[0], &mut self.spell)?;
         if self.shards.len() == 1 {
             return Some((commit, statuses, conns, received));
         }
