@@ -2,9 +2,10 @@
 /// Maps keyed by ids (SHA-256 outputs): foldhash, seeded per process, is
 /// several times cheaper than SipHash here (the profile named
 /// `DefaultHasher::write`) and still keyed, so a peer cannot aim ids at one
-/// bucket. Iteration order never reaches the state: every output is sorted.
-pub type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-pub type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
+/// bucket; an id's 32 bytes are taken inline (`protocol::idhash`).
+/// Iteration order never reaches the state: every output is sorted.
+pub type IdMap<K, V> = std::collections::HashMap<K, V, crate::protocol::idhash::IdState>;
+pub type IdSet<K> = std::collections::HashSet<K, crate::protocol::idhash::IdState>;
 
 /// Bytes of memory a hash map (or set: `V = ()`) of `capacity` entries of
 /// `(K, V)` holds: its slots and their control bytes (hashbrown's layout),

@@ -65,7 +65,7 @@ pub(super) fn run(
 ) {
     let OrdererIo { gov, keyring, probes, outcomes, gate, direct } = io;
     let mut hosts: crate::core::IdMap<std::net::IpAddr, (u32, u32)> = Default::default();
-    let mut conns: HashMap<Hash, ConnId> = HashMap::new();
+    let mut conns: crate::core::IdMap<Hash, ConnId> = Default::default();
     let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
     let mut policy = OrderPolicy::new(commit_ops_max, Duration::from_millis(tick_ms), Instant::now());
     let mut last_received = Instant::now();
@@ -292,7 +292,7 @@ const HEARTBEAT_CHECKS_MAX: usize = 1024;
 /// connections of applied ops, the hosts' outcomes, the heartbeat
 /// comparisons; across commits, the drafts out.
 struct ItemState<'a> {
-    conns: &'a mut HashMap<Hash, ConnId>,
+    conns: &'a mut crate::core::IdMap<Hash, ConnId>,
     hosts: &'a mut crate::core::IdMap<std::net::IpAddr, (u32, u32)>,
     heartbeats: &'a mut Vec<HeartbeatCheck>,
     authoring: &'a mut Authoring,

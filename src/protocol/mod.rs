@@ -3,6 +3,7 @@ pub mod codec;
 pub mod crypto;
 pub mod node;
 pub mod edwards_lanes;
+pub mod idhash;
 pub mod sha_lanes;
 pub mod sig;
 pub mod types;

@@ -39,6 +39,10 @@ use ed25519_dalek::{Signer as _, SigningKey};
 use sha2::{Digest, Sha512};
 
 use super::edwards_lanes;
+use super::idhash::IdState;
+
+/// Maps keyed by public keys, with the hasher of the node's id maps.
+type KeyMap<V> = HashMap<[u8; 32], V, IdState>;
 
 /// An Ed25519 public key, as its 32-byte encoding (SPEC §2).
 pub type PublicKey = [u8; 32];
@@ -122,8 +126,8 @@ pub fn verify_batch_messages<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) 
 /// authors has as many keys as signatures (authors_1k, scopes_10k), and
 /// dalek's one-at-a-time decompression was as costly as the batch's `R`s
 /// were before theirs went eight at a time.
-fn decode_keys<'a>(cache: &KeyCache, keys: impl Iterator<Item = &'a [u8; 32]>) -> (HashMap<[u8; 32], Option<usize>>, Vec<EdwardsPoint>) {
-    let mut slots: HashMap<[u8; 32], Option<usize>> = HashMap::new();
+fn decode_keys<'a>(cache: &KeyCache, keys: impl Iterator<Item = &'a [u8; 32]>) -> (KeyMap<Option<usize>>, Vec<EdwardsPoint>) {
+    let mut slots: KeyMap<Option<usize>> = KeyMap::default();
     let mut minus_keys: Vec<EdwardsPoint> = Vec::new();
     let mut testable: Vec<[u8; 32]> = Vec::new();
     let mut misses = 0;
@@ -217,8 +221,8 @@ struct KeyCache {
 
 #[derive(Default)]
 struct Generations {
-    newer: HashMap<[u8; 32], Option<EdwardsPoint>>,
-    older: HashMap<[u8; 32], Option<EdwardsPoint>>,
+    newer: KeyMap<Option<EdwardsPoint>>,
+    older: KeyMap<Option<EdwardsPoint>>,
 }
 
 impl KeyCache {
