@@ -13,7 +13,6 @@
 //! recently used entry, one at a time, so a flood of distinct cuts cannot
 //! flush the cuts honest ops use.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::limits::{GOV_CUT_CACHE_MAX, GOV_CUT_CACHE_WEIGHT_MAX};
@@ -31,10 +30,10 @@ pub struct GovNode {
 /// `G(C)` and `ancestors(C)`.
 #[derive(Clone, Debug, Default)]
 pub struct GovState {
-    pub members: HashMap<PublicKey, Role>,
-    pub kem: HashMap<PublicKey, [u8; 32]>,
+    pub members: super::IdMap<PublicKey, Role>,
+    pub kem: super::IdMap<PublicKey, [u8; 32]>,
     pub keyring: Vec<Hash>,
-    pub ancestors: HashSet<Hash>,
+    pub ancestors: super::IdSet<Hash>,
 }
 
 impl GovState {
@@ -254,7 +253,7 @@ impl Governance {
 
     /// From scratch: collect the ancestors with a work list, sort, apply.
     fn compute(&self, cut: &[Hash]) -> GovState {
-        let mut ancestors: HashSet<Hash> = HashSet::new();
+        let mut ancestors: super::IdSet<Hash> = super::IdSet::default();
         let mut work: Vec<Hash> = cut.to_vec();
         while let Some(id) = work.pop() {
             if ancestors.insert(id) {

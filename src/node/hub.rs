@@ -140,7 +140,7 @@ impl Holders {
 
 #[derive(Default)]
 struct Inner {
-    scopes: HashMap<Hash, ScopeSubs>,
+    scopes: crate::core::IdMap<Hash, ScopeSubs>,
     next_id: u64,
     holders: Holders,
 }

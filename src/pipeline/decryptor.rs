@@ -5,7 +5,6 @@
 //! thread; eight in IFMA lanes take ~51 µs); then holds the batch's bytes
 //! in the orderer's queue budget (`gate.rs`).
 
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -21,7 +20,7 @@ use crate::protocol::Hash;
 pub(super) fn run(
     rx: Receiver<Batch>,
     tx: Sender<Batch>,
-    keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
+    keyring: Arc<RwLock<crate::core::IdMap<Hash, [u8; 32]>>>,
     identity: &Identity,
     gate: &gate::ByteGate,
 ) {
@@ -113,7 +112,7 @@ mod tests {
             .iter()
             .map(|o| Item { work: Work::Op { id: [0; 32], op: o.clone(), bytes: vec![0; 100], conn: 0, host: None }, valid: true, pre: pre.clone() })
             .collect();
-        let keyring = Arc::new(RwLock::new(HashMap::from([(key_id_of(&key), key)])));
+        let keyring = Arc::new(RwLock::new(crate::core::IdMap::from_iter([(key_id_of(&key), key)])));
         let (in_tx, in_rx) = crossbeam_channel::bounded(1);
         let (out_tx, out_rx) = crossbeam_channel::bounded(1);
         in_tx.send(Batch { seq: 0, items, received: Instant::now() }).unwrap();
@@ -149,7 +148,7 @@ mod tests {
         let mut broken = to(&me, &[99; 32], 32);
         broken.sealed[0] ^= 1;
         kds.push(broken);
-        let keyring = Arc::new(RwLock::new(HashMap::from([(key_id_of(&keys[12]), keys[12])])));
+        let keyring = Arc::new(RwLock::new(crate::core::IdMap::from_iter([(key_id_of(&keys[12]), keys[12])])));
         let items = kds.iter().map(|kd| Item { work: Work::Key { kd: kd.clone(), host: None }, valid: true, pre: Prepared::default() }).collect();
         let (in_tx, in_rx) = crossbeam_channel::bounded(1);
         let (out_tx, out_rx) = crossbeam_channel::bounded(1);

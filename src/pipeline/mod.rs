@@ -59,7 +59,7 @@ mod shards;
 mod verified;
 mod verifier;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -534,7 +534,7 @@ impl Pipeline {
         engine.set_cascade_budget(cfg.commit_ops_max as u64);
         // Replicas fed by the orderer from what the engine accepted.
         let gov_replica = Arc::new(RwLock::new(Governance::default()));
-        let keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>> = Arc::new(RwLock::new(HashMap::new()));
+        let keyring: Arc<RwLock<crate::core::IdMap<Hash, [u8; 32]>>> = Arc::default();
         // Seed the replicas from the engine as restored from disk.
         {
             let mut g = gov_replica.write().unwrap();

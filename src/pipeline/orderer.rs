@@ -4,7 +4,6 @@
 //! what the engine accepted, publishes statuses and the ids wanted from
 //! peers, and hands each commit to the projector's shards.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -27,7 +26,7 @@ use crate::protocol::Hash;
 /// queue probes for metrics, and where what each host's ops came to goes.
 pub(super) struct OrdererIo {
     pub(super) gov: Arc<RwLock<Governance>>,
-    pub(super) keyring: Arc<RwLock<HashMap<Hash, [u8; 32]>>>,
+    pub(super) keyring: Arc<RwLock<crate::core::IdMap<Hash, [u8; 32]>>>,
     pub(super) probes: Vec<(&'static str, Receiver<Batch>)>,
     pub(super) outcomes: Option<Arc<dyn HostOutcomes>>,
     /// The byte budget of the orderer's input queue.
