@@ -120,12 +120,38 @@ impl BatchEncoder {
 /// most of the writes, and sorting them all, the sort and its memcmp, was
 /// up to 15% of the committer). The partition and the sort are stable:
 /// writes to one key keep their order.
+///
+/// The sort compares each write's table and the first eight bytes of its
+/// key, held beside its position, and reads the whole keys only when those
+/// tie: comparing the keys through the writes, a pointer and a `memcmp`
+/// each time, was 38% of the encoder's thread in `scopes_10k`.
 pub fn in_batch_order(writes: &[Write], in_key_order: impl Fn(Cf) -> bool) -> Vec<&Write> {
-    let (mut sorted, rest): (Vec<&Write>, Vec<&Write>) = writes.iter().partition(|w| in_key_order(Cf::ALL[table_and_key(w).0 as usize]));
-    sorted.sort_by(|a, b| table_and_key(a).cmp(&table_and_key(b)));
-    let mut order = rest;
-    order.append(&mut sorted);
+    let mut order: Vec<&Write> = Vec::with_capacity(writes.len());
+    let mut keyed: Vec<(u8, u64, u32)> = Vec::new();
+    for (i, w) in writes.iter().enumerate() {
+        let (t, k) = table_and_key(w);
+        if in_key_order(Cf::ALL[t as usize]) {
+            keyed.push((t, key_prefix(k), u32::try_from(i).expect("a commit's writes fit a u32")));
+        } else {
+            order.push(w);
+        }
+    }
+    // (table, prefix, position) with the whole key between the last two:
+    // a total order, so the unstable sort keeps writes to one key in order.
+    let key = |i: u32| table_and_key(&writes[i as usize]).1;
+    keyed.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| key(a.2).cmp(key(b.2))).then(a.2.cmp(&b.2)));
+    order.extend(keyed.iter().map(|&(_, _, i)| &writes[i as usize]));
     order
+}
+
+/// A key's first eight bytes, zero-padded, big-endian: where two keys'
+/// prefixes differ, they order as the keys do (a shorter key padded with
+/// zeros never sorts after a longer one it begins).
+fn key_prefix(k: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = k.len().min(8);
+    b[..n].copy_from_slice(&k[..n]);
+    u64::from_be_bytes(b)
 }
 
 /// Batches as one, in order: one header, their records after it.
@@ -213,6 +239,40 @@ mod tests {
         ];
         let order = [&writes[1], &writes[5], &writes[2], &writes[3], &writes[0], &writes[4]];
         assert_eq!(e.encode(&writes).bytes(), e.encode_in_order(order.into_iter(), 6).bytes());
+    }
+
+    /// Against the plain stable sort by table and whole key, over keys that
+    /// share long prefixes, are prefixes of one another, end in zeros, and
+    /// repeat (writes to one key keep their order).
+    #[test]
+    fn the_order_is_the_stable_sort_by_table_and_key() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let in_key_order = |cf| matches!(cf, Cf::Ops | Cf::Meta | Cf::Items);
+        for round in 0..200 {
+            let writes: Vec<Write> = (0..rng.gen_range(0..300))
+                .map(|i: u32| {
+                    let cf = [Cf::Ops, Cf::Meta, Cf::Items, Cf::Pending][rng.gen_range(0..4)];
+                    let mut k = vec![0xAB; rng.gen_range(0..12)];
+                    if let Some(last) = k.last_mut() {
+                        *last = [0u8, 1, 0xAB, 0xFF][rng.gen_range(0..4)];
+                    }
+                    if rng.gen_bool(0.5) {
+                        k.extend(std::iter::repeat_n(0u8, rng.gen_range(0..3)));
+                    }
+                    if rng.gen_bool(0.5) {
+                        Write::Put(cf, k, i.to_le_bytes().to_vec())
+                    } else {
+                        Write::Delete(cf, k)
+                    }
+                })
+                .collect();
+            let (mut want, rest): (Vec<&Write>, Vec<&Write>) = writes.iter().partition(|w| in_key_order(Cf::ALL[table_and_key(w).0 as usize]));
+            want.sort_by(|a, b| table_and_key(a).cmp(&table_and_key(b)));
+            let want: Vec<*const Write> = rest.into_iter().chain(want).map(|w| w as *const Write).collect();
+            let got: Vec<*const Write> = in_batch_order(&writes, in_key_order).into_iter().map(|w| w as *const Write).collect();
+            assert_eq!(got, want, "round {round}");
+        }
     }
 
     #[test]
