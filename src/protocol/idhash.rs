@@ -101,7 +101,8 @@ mod tests {
         assert_eq!(s.hash_one(id), h, "the same id, the same hash");
     }
 
-    /// Ids that differ in one byte spread over a table's buckets as random
+    /// Ids that differ only in two adjacent bytes (within a half, and
+    /// across the halves' border) spread over a table's buckets as random
     /// ones do: of 4,096 such ids, the low 12 bits (a table of 4,096
     /// slots) take at least half of the values (random: ~63%).
     #[test]
