@@ -32,10 +32,24 @@ fn items_from(first: u64, n: usize) -> Vec<Item> {
 /// node's batches in the benchmark workloads (four writers), whose terms of
 /// one key `dagfold::protocol::sig` merges.
 fn items_four_keys(n: usize) -> Vec<Item> {
-    let seeds: Vec<[u8; 32]> = (0..4u64).map(|k| Sha512::digest(k.to_be_bytes())[..32].try_into().unwrap()).collect();
+    items_of_keys(4, false, n)
+}
+
+/// `n` honest signatures by 1,000 keys, each signature's key drawn at
+/// random (a fixed sequence): `tools/bench authors_1k`, whose writers take
+/// turns at random, so that a batch of 512 holds ~400 distinct keys, one of
+/// 2,048 ~870.
+fn items_1k_keys(n: usize) -> Vec<Item> {
+    items_of_keys(1000, true, n)
+}
+
+/// `n` signatures by `keys` keys, in turn or drawn at random.
+fn items_of_keys(keys: u64, random: bool, n: usize) -> Vec<Item> {
+    let seeds: Vec<[u8; 32]> = (0..keys).map(|k| Sha512::digest(k.to_be_bytes())[..32].try_into().unwrap()).collect();
     (0..n as u64)
         .map(|i| {
-            let seed = seeds[(i % 4) as usize];
+            let k = if random { u64::from_le_bytes(Sha512::digest(i.to_be_bytes())[32..40].try_into().unwrap()) } else { i };
+            let seed = seeds[(k % keys) as usize];
             let msg: [u8; 32] = Sha512::digest(i.to_le_bytes())[32..].try_into().unwrap();
             (public_key_from_seed(&seed), msg, sign(&seed, &msg))
         })
@@ -164,6 +178,15 @@ fn batch_four_keys(c: &mut Criterion) {
     four.finish();
 }
 
+/// Batches of a group of 1,000 writers (`tools/bench authors_1k`): the
+/// terms of a batch's distinct keys are most of its sum at 512, fewer per
+/// signature as the batch grows.
+fn batch_1k_keys(c: &mut Criterion) {
+    let mut g = c.benchmark_group("batch_1k_keys");
+    own_batches(&mut g, &[512, 1024, 2048, 4096], items_1k_keys);
+    g.finish();
+}
+
 /// `dagfold::protocol::sig::verify_batch` of batches of each size, each
 /// verified again and again (so its keys are in the node's key cache).
 fn own_batches(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, sizes: &[usize], make: fn(usize) -> Vec<Item>) {
@@ -212,5 +235,41 @@ fn x25519(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single, signing, batch, batch_four_keys, decompress, x25519);
+criterion_group!(benches, single, signing, batch, batch_four_keys, batch_1k_keys, decompress, x25519, aead);
 criterion_main!(benches);
+
+/// Opening a data payload (SPEC §4's ChaCha20-Poly1305, the scope id and
+/// plane as associated data): RustCrypto's `chacha20poly1305` and ring's.
+/// A benchmark op's payload (two actions of 16-byte values) is ~90 bytes.
+fn aead(c: &mut Criterion) {
+    use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+    let mut g = c.benchmark_group("aead open");
+    let key = [7u8; 32];
+    let nonce = [9u8; 12];
+    let aad = [3u8; 33];
+    for n in [90usize, 300, 1200] {
+        let plain: Vec<u8> = (0..n).map(|i| i as u8).collect();
+        let cipher = chacha20poly1305::ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(&key));
+        let sealed = cipher.encrypt(chacha20poly1305::Nonce::from_slice(&nonce), Payload { msg: &plain, aad: &aad }).unwrap();
+        g.throughput(Throughput::Elements(1));
+        g.bench_with_input(BenchmarkId::new("chacha20poly1305", n), &sealed, |b, sealed| {
+            b.iter(|| {
+                let c = chacha20poly1305::ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(black_box(&key)));
+                c.decrypt(chacha20poly1305::Nonce::from_slice(&nonce), Payload { msg: black_box(sealed), aad: &aad }).unwrap()
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("ring", n), &sealed, |b, sealed| {
+            b.iter(|| {
+                let k = ring::aead::LessSafeKey::new(ring::aead::UnboundKey::new(&ring::aead::CHACHA20_POLY1305, black_box(&key)).unwrap());
+                let mut buf = black_box(sealed).clone();
+                let out = k
+                    .open_in_place(ring::aead::Nonce::assume_unique_for_key(nonce), ring::aead::Aad::from(&aad), &mut buf)
+                    .unwrap()
+                    .len();
+                buf.truncate(out);
+                buf
+            })
+        });
+    }
+    g.finish();
+}
