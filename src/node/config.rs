@@ -143,7 +143,7 @@ pub struct Settings {
     pub projector_shards: Option<usize>,
     /// Each projector shard in two threads, one after the other over each
     /// commit: the cells' fold, then the roots and convergence checks, so
-    /// that one scope's fold takes two cores (by default from eight cores;
+    /// that one scope's fold takes two cores (by default from two cores;
     /// `false`: one thread a shard)
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub projector_split: Option<bool>,
@@ -419,8 +419,8 @@ mod tests {
         assert_eq!(c.pipeline.verifier_threads, cores);
         assert_eq!(c.network_threads, (cores / 4).max(1));
         assert_eq!(c.pipeline.projector_shards, (cores / 4).max(1));
-        assert_eq!(c.pipeline.projector_split, cores >= 8);
-        assert!(help_of("projector-split").ends_with(&format!("[default: {}]", cores >= 8)));
+        assert_eq!(c.pipeline.projector_split, cores >= 2);
+        assert!(help_of("projector-split").ends_with(&format!("[default: {}]", cores >= 2)));
         assert!(help_of("verifier-threads").ends_with(&format!("[default: {cores}]")));
         assert!(help_of("projector-shards").ends_with(&format!("[default: {}]", (cores / 4).max(1))));
     }

@@ -276,19 +276,21 @@ pub fn projector_shards_default() -> usize {
 }
 
 /// Projector shards in two threads (the cells', the trees') by default
-/// from eight cores (`machine_cores`). Split, one shard folds on two
-/// cores: 128 scopes in one shard 192k ops/s in one thread, 356k in two
-/// (`cargo bench --bench stages -- "^fold shards/"`, 2026-12-06), so one
-/// hot scope is no longer held to one core's fold. But the split adds the
-/// hand-over of every commit's leaves, and it only pays where a core is
-/// idle while the fold runs: on this 2-core machine, where verification
-/// keeps both cores busy, `reversed` (a cascade of 100,000 ops on one
-/// scope) made 65–74k ops/s split against 70–75k in one thread, three
-/// interleaved runs each (docs/PERFORMANCE.md). From eight cores a shard
-/// has four (`projector_shards_default`), the fold a quarter of their
-/// work.
+/// wherever there are two cores to run them (`machine_cores`). Split, one
+/// shard folds on two cores: 128 scopes in one shard 192k ops/s in one
+/// thread, 356k in two (`cargo bench --bench stages -- "^fold shards/"`,
+/// 2026-12-06), so one hot scope is not held to one core's fold. The split
+/// adds the hand-over of every commit's leaves, and pays where a core
+/// would idle while the fold runs: a cascade (`reversed`, 100,000 ops of
+/// one scope released at once), parked ops released in bursts
+/// (`shuffled`), a fold heavier than the verification beside it
+/// (`authors_1k`). On this 2-core machine, three interleaved pairs each
+/// (docs/PERFORMANCE.md, 2026-12-06 late night): reversed 98–104k →
+/// 108–109k ops/s, shuffled 102–105k → 105–109k, authors_1k 103–109k →
+/// 105–111k, causal 125–134k → 125–132k (its CPU per op 13.1–14.0 →
+/// 13.4–13.8 µs).
 pub fn projector_split_default() -> bool {
-    machine_cores() >= 8
+    machine_cores() >= 2
 }
 
 /// The cores this process may use (`std::thread::available_parallelism`:
