@@ -235,22 +235,19 @@ fn x25519(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single, signing, batch, batch_four_keys, batch_1k_keys, decompress, x25519, aead);
-criterion_main!(benches);
-
-/// Opening a data payload (SPEC §4's ChaCha20-Poly1305, the scope id and
-/// plane as associated data): RustCrypto's `chacha20poly1305` and ring's.
-/// A benchmark op's payload (two actions of 16-byte values) is ~90 bytes.
+/// Opening a data payload (SPEC §4's ChaCha20-Poly1305, with its
+/// associated data): RustCrypto's `chacha20poly1305`, and the node's
+/// `open_payload` (ring's). A benchmark op's payload (two actions of
+/// 16-byte values) is ~90 bytes.
 fn aead(c: &mut Criterion) {
     use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+    use dagfold::protocol::crypto::{open_payload, payload_aad, seal_payload};
     let mut g = c.benchmark_group("aead open");
-    let key = [7u8; 32];
-    let nonce = [9u8; 12];
-    let aad = [3u8; 33];
+    let (key, nonce, scope, plane) = ([7u8; 32], [9u8; 12], [3u8; 32], 1u8);
+    let aad = payload_aad(&scope, plane);
     for n in [90usize, 300, 1200] {
         let plain: Vec<u8> = (0..n).map(|i| i as u8).collect();
-        let cipher = chacha20poly1305::ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(&key));
-        let sealed = cipher.encrypt(chacha20poly1305::Nonce::from_slice(&nonce), Payload { msg: &plain, aad: &aad }).unwrap();
+        let sealed = seal_payload(&key, &nonce, &scope, plane, &plain);
         g.throughput(Throughput::Elements(1));
         g.bench_with_input(BenchmarkId::new("chacha20poly1305", n), &sealed, |b, sealed| {
             b.iter(|| {
@@ -258,18 +255,13 @@ fn aead(c: &mut Criterion) {
                 c.decrypt(chacha20poly1305::Nonce::from_slice(&nonce), Payload { msg: black_box(sealed), aad: &aad }).unwrap()
             })
         });
-        g.bench_with_input(BenchmarkId::new("ring", n), &sealed, |b, sealed| {
-            b.iter(|| {
-                let k = ring::aead::LessSafeKey::new(ring::aead::UnboundKey::new(&ring::aead::CHACHA20_POLY1305, black_box(&key)).unwrap());
-                let mut buf = black_box(sealed).clone();
-                let out = k
-                    .open_in_place(ring::aead::Nonce::assume_unique_for_key(nonce), ring::aead::Aad::from(&aad), &mut buf)
-                    .unwrap()
-                    .len();
-                buf.truncate(out);
-                buf
-            })
+        g.bench_with_input(BenchmarkId::new("dagfold_open_payload (ring)", n), &sealed, |b, sealed| {
+            b.iter(|| open_payload(black_box(&key), &nonce, &scope, plane, black_box(sealed)).unwrap())
         });
     }
     g.finish();
 }
+
+criterion_group!(benches, single, signing, batch, batch_four_keys, batch_1k_keys, decompress, x25519, aead);
+criterion_main!(benches);
+

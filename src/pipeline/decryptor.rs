@@ -20,7 +20,7 @@ use crate::protocol::Hash;
 pub(super) fn run(
     rx: Receiver<Batch>,
     tx: Sender<Batch>,
-    keyring: Arc<RwLock<crate::core::IdMap<Hash, [u8; 32]>>>,
+    keyring: super::Keyring,
     identity: &Identity,
     gate: &gate::ByteGate,
 ) {

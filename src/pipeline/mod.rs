@@ -83,6 +83,10 @@ pub(crate) use author::{compose, sign};
 /// local.
 pub type ConnId = u64;
 
+/// The group keys by key id that the engine accepted, replicated for the
+/// decryptor; the orderer adds each key as the engine accepts it.
+type Keyring = Arc<RwLock<crate::core::IdMap<Hash, [u8; 32]>>>;
+
 /// One message for the pipeline, decoded by the transport.
 #[derive(Debug)]
 pub enum Work {
@@ -536,7 +540,7 @@ impl Pipeline {
         engine.set_cascade_budget(cfg.commit_ops_max as u64);
         // Replicas fed by the orderer from what the engine accepted.
         let gov_replica = Arc::new(RwLock::new(Governance::default()));
-        let keyring: Arc<RwLock<crate::core::IdMap<Hash, [u8; 32]>>> = Arc::default();
+        let keyring = Keyring::default();
         // Seed the replicas from the engine as restored from disk.
         {
             let mut g = gov_replica.write().unwrap();

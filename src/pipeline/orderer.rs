@@ -26,7 +26,7 @@ use crate::protocol::Hash;
 /// queue probes for metrics, and where what each host's ops came to goes.
 pub(super) struct OrdererIo {
     pub(super) gov: Arc<RwLock<Governance>>,
-    pub(super) keyring: Arc<RwLock<crate::core::IdMap<Hash, [u8; 32]>>>,
+    pub(super) keyring: super::Keyring,
     pub(super) probes: Vec<(&'static str, Receiver<Batch>)>,
     pub(super) outcomes: Option<Arc<dyn HostOutcomes>>,
     /// The byte budget of the orderer's input queue.
