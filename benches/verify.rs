@@ -262,6 +262,28 @@ fn aead(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single, signing, batch, batch_four_keys, batch_1k_keys, decompress, x25519, aead);
+/// The challenges of a batch's signatures: SHA-512 of 512 messages of 96
+/// bytes (`R || A || M`), one at a time with sha2 and eight at a time with
+/// `sha512_lanes`.
+fn sha512(c: &mut Criterion) {
+    use dagfold::protocol::sha512_lanes::{digests, Block};
+    let mut g = c.benchmark_group("sha512 96 B");
+    let messages: Vec<[u8; 96]> = (0..512u32).map(|i| std::array::from_fn(|j| (i as usize * 7 + j) as u8)).collect();
+    g.throughput(Throughput::Elements(messages.len() as u64));
+    g.bench_function("sha2", |b| {
+        b.iter(|| messages.iter().map(|m| <[u8; 64]>::from(Sha512::digest(black_box(m)))).collect::<Vec<_>>())
+    });
+    g.bench_function("sha512_lanes", |b| {
+        b.iter(|| {
+            let blocks: Vec<Block> = messages.iter().map(|m| Block::of(&[black_box(m)]).unwrap()).collect();
+            let mut out = Vec::with_capacity(blocks.len());
+            digests(&blocks, &mut out);
+            out
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, single, signing, batch, batch_four_keys, batch_1k_keys, decompress, x25519, aead, sha512);
 criterion_main!(benches);
 

@@ -5,7 +5,6 @@
 //! thread; eight in IFMA lanes take ~51 µs); then holds the batch's bytes
 //! in the orderer's queue budget (`gate.rs`).
 
-use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -15,7 +14,6 @@ use super::metrics::note_age;
 use super::{gate, Batch, Work};
 use crate::core::Identity;
 use crate::protocol::crypto::{open_key_deliveries_to, open_payload};
-use crate::protocol::Hash;
 
 pub(super) fn run(
     rx: Receiver<Batch>,
@@ -69,6 +67,7 @@ pub(super) fn run(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, RwLock};
     use super::*;
     use crate::core::Prepared;
     use crate::pipeline::Item;

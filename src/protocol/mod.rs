@@ -4,6 +4,7 @@ pub mod crypto;
 pub mod node;
 pub mod edwards_lanes;
 pub mod idhash;
+pub mod sha512_lanes;
 pub mod sha_lanes;
 pub mod sig;
 pub mod types;

@@ -39,6 +39,7 @@ use ed25519_dalek::{Signer as _, SigningKey};
 use sha2::{Digest, Sha512};
 
 use super::edwards_lanes;
+use super::sha512_lanes::{self, Block};
 use super::idhash::IdState;
 
 /// Maps keyed by public keys, with the hasher of the node's id maps.
@@ -49,7 +50,7 @@ pub type PublicKey = [u8; 32];
 
 /// Domain separation of the Fiat-Shamir transcript that derives the batch
 /// coefficients.
-const BATCH_TRANSCRIPT_DOMAIN: &[u8] = b"dagfold/sig/batch-coefficients/v1";
+const BATCH_TRANSCRIPT_DOMAIN: &[u8] = b"dagfold/sig/batch-coefficients/v2";
 
 /// SPEC §1 validity of `signature` by `public_key` over the 32-byte `message`
 /// (a `delta_id`): `S < L`; `A` and `R` canonical; neither of small order;
@@ -284,7 +285,8 @@ impl Generations {
 /// The items of a batch that pass the per-item tests, decoded, with their
 /// coefficients, sorted by key; and the negated decoded keys.
 fn batch_entries<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> (Vec<Entry>, Vec<EdwardsPoint>) {
-    let coefficients = batch_coefficients(items);
+    let digests = challenge_digests(items);
+    let coefficients = batch_coefficients(items, &digests);
 
     // Per-item tests. Keys are decoded once per distinct key, and the entries
     // are sorted by key so that the signatures of one key form contiguous runs:
@@ -307,8 +309,7 @@ fn batch_entries<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> (Vec<Entr
     let mut entries: Vec<Entry> = Vec::with_capacity(passed.len());
     for ((index, key, s), r) in passed.into_iter().zip(edwards_lanes::decompress_many(&r_bytes)) {
         let Some(r) = r else { continue };
-        let (pk, msg, sig) = &items[index];
-        let k = challenge(&sig[..32], pk, msg.as_ref());
+        let k = Scalar::from_bytes_mod_order_wide(&digests[index]);
         entries.push(Entry {
             index,
             key,
@@ -353,18 +354,21 @@ impl Signer {
     /// `k = SHA-512(R || A || M)`, `S = r + k·a`; the signatures are
     /// deterministic, and the tests compare them with `sign`'s bytes.
     pub fn sign_many(&self, messages: &[[u8; 32]]) -> Vec<[u8; 64]> {
-        let rs: Vec<Scalar> = messages
-            .iter()
-            .map(|m| Scalar::from_hash(Sha512::new().chain_update(self.expanded.hash_prefix).chain_update(m)))
-            .collect();
+        let wide = |blocks: Vec<Block>| {
+            let mut hashes = Vec::with_capacity(blocks.len());
+            sha512_lanes::digests(&blocks, &mut hashes);
+            hashes.iter().map(Scalar::from_bytes_mod_order_wide).collect::<Vec<Scalar>>()
+        };
+        let rs = wide(messages.iter().map(|m| Block::of(&[&self.expanded.hash_prefix, m]).expect("64 bytes")).collect());
         let encodings = super::edwards_lanes::mul_base_many(&rs);
         let public = self.key.verifying_key().to_bytes();
+        let ks = wide(messages.iter().zip(&encodings).map(|(m, big_r)| Block::of(&[big_r, &public, m]).expect("96 bytes")).collect());
         messages
             .iter()
             .zip(rs)
             .zip(encodings)
-            .map(|((m, r), big_r)| {
-                let k = Scalar::from_hash(Sha512::new().chain_update(big_r).chain_update(public).chain_update(m));
+            .zip(ks)
+            .map(|(((_, r), big_r), k)| {
                 let s = k * self.expanded.scalar + r;
                 let mut sig = [0u8; 64];
                 sig[..32].copy_from_slice(&big_r);
@@ -452,6 +456,27 @@ fn decode_r_and_s(signature: &[u8; 64]) -> Option<(EdwardsPoint, Scalar)> {
     Some((r, s))
 }
 
+/// `SHA-512(R || A || M)` of every item, in order, whose reduction modulo
+/// `L` is its `challenge`: those that are one block (a 32-byte message,
+/// as every op's id) hashed eight at a time (`sha512_lanes`).
+fn challenge_digests<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> Vec<[u8; 64]> {
+    let mut digests = Vec::with_capacity(items.len());
+    let mut blocks: Vec<Block> = Vec::with_capacity(items.len());
+    for (pk, msg, sig) in items {
+        match Block::of(&[&sig[..32], pk, msg.as_ref()]) {
+            Some(b) => blocks.push(b),
+            None => {
+                // A long message: the blocks before it first, in order.
+                sha512_lanes::digests(&blocks, &mut digests);
+                blocks.clear();
+                digests.push(Sha512::new().chain_update(&sig[..32]).chain_update(pk).chain_update(msg).finalize().into());
+            }
+        }
+    }
+    sha512_lanes::digests(&blocks, &mut digests);
+    digests
+}
+
 /// `k = SHA-512(R || A || M) mod L`, over the encodings as received.
 fn challenge(r_bytes: &[u8], public_key: &[u8; 32], message: &[u8]) -> Scalar {
     let mut h = Sha512::new();
@@ -496,30 +521,36 @@ impl Prepared {
 }
 
 /// The 128-bit coefficients `z_i`, one per item, derived from a SHA-512 hash
-/// of the whole batch: `seed = SHA-512(domain || n || for each item:
-/// A || R || S || len(M) || M)`, then `SHA-512(seed || j)` (`j` a u64 block
-/// counter) gives the coefficients of items `4j..4j+4`, 16 bytes each, read
-/// little-endian. A zero coefficient (probability 2^-128) is replaced by 1,
-/// so every coefficient is invertible modulo `L`.
-fn batch_coefficients<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> Vec<Scalar> {
+/// of the whole batch: `seed = SHA-512(domain || n || for each item: the
+/// first 32 bytes of its challenge digest SHA-512(R || A || M) || S)`, then
+/// `SHA-512(seed || j)` (`j` a u64 block counter) gives the coefficients of
+/// items `4j..4j+4`, 16 bytes each, read little-endian. A zero coefficient
+/// (probability 2^-128) is replaced by 1, so every coefficient is invertible
+/// modulo `L`.
+///
+/// The seed binds each item's `R`, `A` and `M` through its digest (`R` and
+/// `A` are 32 bytes each, so `R || A || M` is read one way only), cut to
+/// 256 bits: finding two items of one cut digest costs 2^128, the batch's
+/// own bound. The digests are computed eight at a time for the challenges
+/// anyway; the transcript then hashes 64 bytes per item where it hashed
+/// the item's 136 (`sha512_lanes`, 2026-12-06).
+fn batch_coefficients<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])], digests: &[[u8; 64]]) -> Vec<Scalar> {
     let mut transcript = Sha512::new();
     transcript.update(BATCH_TRANSCRIPT_DOMAIN);
     transcript.update((items.len() as u64).to_le_bytes());
-    for (pk, msg, sig) in items {
-        let msg = msg.as_ref();
-        transcript.update(pk);
-        transcript.update(sig);
-        transcript.update((msg.len() as u64).to_le_bytes());
-        transcript.update(msg);
+    for ((_, _, sig), digest) in items.iter().zip(digests) {
+        transcript.update(&digest[..32]);
+        transcript.update(&sig[32..]);
     }
     let seed = transcript.finalize();
 
+    let blocks: Vec<Block> = (0..items.len().div_ceil(4) as u64)
+        .map(|j| Block::of(&[seed.as_slice(), &j.to_le_bytes()]).expect("72 bytes: one block"))
+        .collect();
+    let mut hashes = Vec::with_capacity(blocks.len());
+    sha512_lanes::digests(&blocks, &mut hashes);
     let mut coefficients = Vec::with_capacity(items.len());
-    for block in 0..items.len().div_ceil(4) as u64 {
-        let mut h = Sha512::new();
-        h.update(seed);
-        h.update(block.to_le_bytes());
-        let out = h.finalize();
+    for out in hashes {
         for chunk in out.chunks_exact(16) {
             if coefficients.len() == items.len() {
                 break;
@@ -679,6 +710,30 @@ mod tests {
             assert_eq!(together, alone, "{n} messages");
             assert!(messages.iter().zip(&together).all(|(m, s)| verify(&public_key_from_seed(&seed), m, s)));
         }
+    }
+
+    /// Messages of every length in one batch: those whose challenge is one
+    /// SHA-512 block (up to 47 bytes) hashed in lanes, the longer ones one
+    /// at a time between them, each challenge still its own item's; with a
+    /// forgery of either kind the batch fails and isolates just it.
+    #[test]
+    fn a_batch_of_short_and_long_messages_judges_each_as_alone() {
+        let keys: Vec<SigningKey> = (0..5u8).map(|i| SigningKey::from_bytes(&[i + 1; 32])).collect();
+        let mut items: Vec<([u8; 32], Vec<u8>, [u8; 64])> = (0..40usize)
+            .map(|i| {
+                let len = [0, 1, 32, 46, 47, 48, 49, 100, 300][i % 9];
+                let msg: Vec<u8> = (0..len).map(|j| (i * 13 + j) as u8).collect();
+                let key = &keys[i % keys.len()];
+                (key.verifying_key().to_bytes(), msg.clone(), key.sign(&msg).to_bytes())
+            })
+            .collect();
+        assert_eq!(verify_batch_messages(&items), vec![true; items.len()]);
+        // A message changed under a long-message item and a short one.
+        items[7].1[0] ^= 1; // 100 bytes
+        items[11].1[0] ^= 1; // 32 bytes
+        let alone: Vec<bool> = items.iter().map(|(pk, m, sig)| verify_message(pk, m, sig)).collect();
+        assert_eq!(alone.iter().filter(|v| !**v).count(), 2);
+        assert_eq!(verify_batch_messages(&items), alone);
     }
 
     /// A key seen in an earlier batch, on any thread, is not decompressed
