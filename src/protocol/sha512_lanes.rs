@@ -82,7 +82,7 @@ pub fn digests(blocks: &[Block], out: &mut Vec<[u8; 64]>) {
             let all = unsafe { x8::digests(&lanes) };
             out.extend_from_slice(&all[..rest.len()]);
         } else {
-            out.extend(rest.iter().map(|b| one(b)));
+            out.extend(rest.iter().map(one));
         }
         return;
     }
