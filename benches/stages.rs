@@ -68,14 +68,6 @@ fn stages(c: &mut Criterion) {
     g.throughput(Throughput::Elements(64));
     let batch: Vec<([u8; 32], [u8; 32], [u8; 64])> = decoded[..64].iter().map(|(id, op)| (op.author, *id, op.signature)).collect();
     g.bench_function("verify_batch 64 (per op)", |b| b.iter(|| assert!(sig::verify_batch(black_box(&batch)).iter().all(|v| *v))));
-    // The op ids of a signature batch: one at a time, as the network thread
-    // hashed them per frame, and together, as the verifiers do.
-    g.throughput(Throughput::Elements(512));
-    let ops512: Vec<&[u8]> = frames[..512].iter().map(|f| &f[1..]).collect();
-    g.bench_function("op ids 512, one at a time (per op)", |b| {
-        b.iter(|| ops512.iter().map(|o| dagfold::protocol::crypto::delta_id_of_body(dagfold::protocol::codec::op_body(black_box(o)))).collect::<Vec<_>>())
-    });
-    g.bench_function("op ids 512, together (per op)", |b| b.iter(|| dagfold::protocol::crypto::op_ids(black_box(&ops512))));
     g.throughput(Throughput::Elements(1));
     // Authorize with a cached cut: G(cut) from the cache, then the rule.
     let mut engine = Engine::new(Config::default(), node());

@@ -56,4 +56,4 @@ pub use restore::{ScanFailed, TableScan};
 pub use tables::{Cf, ScopeRecord, Write, META_DELIVERY_PREFIX, META_FOLLOW_PREFIX, META_FORMAT, META_IDENTITY, META_SCOPE_PREFIX};
 pub use types::{BufKind, Config, GenesisPolicy, Identity, OpState, Outcome, Reason, Scope, ScopeReport, ScopeStatus, Stats};
 /// Frame decoding lives in `protocol`; re-exported here for the drivers.
-pub use crate::protocol::codec::{decode_frame, decode_frame_content, Decoded, Frame};
+pub use crate::protocol::codec::{decode_frame, Decoded};

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use config::NodeConfig;
 
-use crate::core::{Config, Engine, Frame, Identity};
+use crate::core::{Config, Decoded, Engine, Identity};
 use crate::node::hub::Hub;
 use crate::pipeline::{Pipeline, Work};
 use crate::protocol::node::NodeMessage;
@@ -35,8 +35,7 @@ pub const INGEST_QUEUE_ITEMS: usize = 1024;
 
 /// A frame as the transport decodes it, in its stream task.
 pub enum Incoming {
-    /// An op (its id left to the verifiers) or a key delivery.
-    Core(Frame),
+    Core(Decoded),
     Node(NodeMessage),
 }
 
@@ -47,7 +46,7 @@ impl crate::net::FrameDecoder for NodeDecoder {
     fn decode(&self, frame: &[u8]) -> Result<Incoming, ()> {
         match frame.first() {
             Some(&t) if NodeMessage::is_node_variant(t) => NodeMessage::decode(frame).map(Incoming::Node).ok_or(()),
-            _ => crate::core::decode_frame_content(frame).map(Incoming::Core).map_err(|_| ()),
+            _ => crate::core::decode_frame(frame).map(Incoming::Core).map_err(|_| ()),
         }
     }
 }

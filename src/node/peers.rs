@@ -255,13 +255,12 @@ async fn sync_once(
     let _ = w.finish();
     let mut received = 0u64;
     while let Some(frame) = r.read().await? {
-        match crate::core::decode_frame_content(&frame) {
-            Ok(crate::core::Frame::Op { op, bytes }) => {
+        match crate::core::decode_frame(&frame) {
+            Ok(crate::core::Decoded::Op { id, op, bytes }) => {
                 received += 1;
                 // A reply to our own request: not weighed (it does not go
-                // through the server's ingest). Its id is hashed with its
-                // batch's, on a verifier.
-                if shared.ingest.send(Work::Received { op, bytes, conn: origin, host: None }).await.is_err() {
+                // through the server's ingest).
+                if shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host: None }).await.is_err() {
                     break;
                 }
             }

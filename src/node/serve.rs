@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 
 use super::feed::Feed;
 use super::{Incoming, NodeShared};
-use crate::core::{Cf, Frame};
+use crate::core::{Cf, Decoded};
 use crate::net::{Inbound, IngestClosed, ItemSink, Reply};
 use crate::pipeline::Work;
 use crate::protocol::node::*;
@@ -106,12 +106,12 @@ impl ItemSink<Inbound<Incoming>> for InboundSink {
     async fn deliver(&self, inb: Inbound<Incoming>) -> Result<(), IngestClosed> {
         let shared = &self.0;
         match inb.item {
-            Incoming::Core(Frame::Op { op, bytes }) => {
+            Incoming::Core(Decoded::Op { id, op, bytes }) => {
                 let origin = origin_of(shared, &inb.remote, inb.peer_key.as_ref());
                 let host = Some(crate::net::fair::origin_of(inb.remote));
-                shared.ingest.send(Work::Received { op, bytes, conn: origin, host }).await.map_err(|_| IngestClosed)?;
+                shared.ingest.send(Work::Op { id, op, bytes, conn: origin, host }).await.map_err(|_| IngestClosed)?;
             }
-            Incoming::Core(Frame::Key(kd)) => {
+            Incoming::Core(Decoded::Key(kd)) => {
                 shared.ingest.send(Work::Key { kd, host: Some(crate::net::fair::origin_of(inb.remote)) }).await.map_err(|_| IngestClosed)?;
             }
             Incoming::Node(NodeMessage::Heartbeat(hb)) => {

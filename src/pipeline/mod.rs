@@ -94,10 +94,6 @@ pub enum Work {
     /// over the server (its IPv4 address or IPv6 /64, `net::fair::origin_of`),
     /// whose turn the node weighs by what its ops come to.
     Op { id: Hash, op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr> },
-    /// An op as the node's transport decoded it, its id not computed yet:
-    /// the verifiers hash a batch's ids together and make each an `Op`
-    /// (`Work::with_id` does it for one).
-    Received { op: Op, bytes: Vec<u8>, conn: ConnId, host: Option<std::net::IpAddr> },
     /// Ops the node authored for its API (`node::author`), sent to the
     /// orderer directly (`PipelineState::direct`) and judged by the engine
     /// like any other: a governance op or genesis one at a time, by the
@@ -136,19 +132,6 @@ pub enum Work {
     /// `origin` is the configured peer it came from (`node::serve::origin_of`,
     /// 0: none), whose link asks; `peer` the address it came from.
     Heads { peer: std::net::SocketAddr, origin: u64, scope: Hash, heads: Vec<Hash>, root: Hash },
-}
-
-impl Work {
-    /// A `Received` op with its id, as an `Op`; anything else as it is.
-    pub fn with_id(self) -> Work {
-        match self {
-            Work::Received { op, bytes, conn, host } => {
-                let id = crate::protocol::crypto::delta_id_of_body(crate::protocol::codec::op_body(&bytes));
-                Work::Op { id, op, bytes, conn, host }
-            }
-            w => w,
-        }
-    }
 }
 
 /// Where the outcome of an authored op goes: a drop at once, an applied
@@ -259,7 +242,7 @@ impl Batch {
         self.items
             .iter()
             .map(|i| match &i.work {
-                Work::Op { bytes, .. } | Work::Received { bytes, .. } => 2 * bytes.len() as u64 + i.pre.payload_bytes() as u64 + 64,
+                Work::Op { bytes, .. } => 2 * bytes.len() as u64 + i.pre.payload_bytes() as u64 + 64,
                 // A delivery's sealed key can be a frame's worth (1 MiB).
                 Work::Key { kd, .. } | Work::Deliver { kd, .. } => kd.sealed.len() as u64 + 256,
                 Work::Draft(r) => r.iter().map(DraftRequest::bytes).sum(),

@@ -344,11 +344,6 @@ fn handle_item(engine: &mut Engine, item: Item, shared: &PipelineState, at: &mut
             }
             return;
         }
-        w @ Work::Received { .. } => {
-            // The verifiers make every one an `Op`; should one come here,
-            // it is judged as one, its id hashed here.
-            return handle_item(engine, Item { work: w.with_id(), ..item }, shared, at);
-        }
         Work::Op { id, op, bytes, conn, host } => {
             let outcome = engine.handle_checked(VerifiedOp { id, op, bytes, pre: item.pre }, item.valid, now);
             if conn != 0 {

@@ -8,7 +8,7 @@ use crossbeam_channel::{Receiver, Sender};
 use metrics::{counter, gauge, histogram};
 
 use super::metrics::note_age;
-use super::{verified, Batch, Item, Work};
+use super::{verified, Batch, Work};
 use crate::protocol::{Hash, Op};
 
 /// Niceness of the verifier threads. The orderer and the committer are each
@@ -35,7 +35,6 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::Veri
     for mut batch in crate::idle::recv(&rx) {
         let t = Instant::now();
         note_age("verify", batch.received);
-        with_ids(&mut batch.items);
         let ops: Vec<(&Hash, &Op)> = batch
             .items
             .iter()
@@ -76,76 +75,10 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::Veri
     }
 }
 
-/// The transport's ops (`Work::Received`) as `Work::Op`s, their ids
-/// hashed together (`crypto::op_ids`: four at a time where they pad to as
-/// many blocks), off the network's thread.
-fn with_ids(items: &mut [Item]) {
-    let received: Vec<usize> = (0..items.len()).filter(|&n| matches!(items[n].work, Work::Received { .. })).collect();
-    if received.is_empty() {
-        return;
-    }
-    let ids = {
-        let bodies: Vec<&[u8]> = received
-            .iter()
-            .map(|&n| match &items[n].work {
-                Work::Received { bytes, .. } => bytes.as_slice(),
-                _ => unreachable!("filtered above"),
-            })
-            .collect();
-        crate::protocol::crypto::op_ids(&bodies)
-    };
-    for (n, id) in received.into_iter().zip(ids) {
-        let work = std::mem::replace(&mut items[n].work, Work::Malformed);
-        let Work::Received { op, bytes, conn, host } = work else { unreachable!("filtered above") };
-        items[n].work = Work::Op { id, op, bytes, conn, host };
-    }
-}
-
 /// Sets the calling thread's niceness; should it fail, the thread runs as
 /// before.
 fn lower_priority(nice: i32) {
     if !crate::niceness::lower_this_thread(nice) && cfg!(target_os = "linux") {
         eprintln!("dagfold: could not lower the priority of {:?}", std::thread::current().name());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::Prepared;
-    use crate::protocol::crypto::delta_id_of_body;
-    use crate::protocol::codec::op_body;
-    use crate::workload::{generate, WorkloadConfig};
-
-    /// The transport's ops get the ids `decode_frame` would give them, in
-    /// place, whatever else the batch holds; an `Op` keeps the id it has.
-    #[test]
-    fn a_batch_s_received_ops_get_their_ids() {
-        let w = generate(&WorkloadConfig { data_ops: 40, writers: 2, ..WorkloadConfig::default() }, [7; 32], [8; 32]);
-        let mut items: Vec<Item> = Vec::new();
-        let mut want: Vec<Option<Hash>> = Vec::new();
-        for (n, m) in w.messages.iter().filter(|m| m.is_data).enumerate() {
-            let crate::core::Frame::Op { op, bytes } = crate::core::decode_frame_content(&m.frame).unwrap() else { panic!("an op") };
-            let id = delta_id_of_body(op_body(&bytes));
-            let work = if n % 5 == 0 { Work::Op { id, op, bytes, conn: 3, host: None } } else { Work::Received { op, bytes, conn: 3, host: None } };
-            items.push(Item { work, valid: false, pre: Prepared::default() });
-            want.push(Some(id));
-            if n % 7 == 0 {
-                items.push(Item { work: Work::Malformed, valid: false, pre: Prepared::default() });
-                want.push(None);
-            }
-        }
-        with_ids(&mut items);
-        for (i, w) in items.iter().zip(&want) {
-            match (&i.work, w) {
-                (Work::Op { id, conn, .. }, Some(want)) => assert_eq!((id, *conn), (want, 3)),
-                (Work::Malformed, None) => {}
-                (other, _) => panic!("{other:?} in place of {w:?}"),
-            }
-        }
-        // One alone, as the orderer's fallback makes it.
-        let crate::core::Frame::Op { op, bytes } = crate::core::decode_frame_content(&w.messages[5].frame).unwrap() else { panic!("an op") };
-        let id = delta_id_of_body(op_body(&bytes));
-        assert!(matches!(Work::Received { op, bytes, conn: 0, host: None }.with_id(), Work::Op { id: got, .. } if got == id));
     }
 }

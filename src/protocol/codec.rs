@@ -330,28 +330,13 @@ pub enum Decoded {
 
 /// Decode step of SPEC §6 step 1 (before the signature check).
 pub fn decode_frame(frame: &[u8]) -> Result<Decoded, DecodeError> {
-    Ok(match decode_frame_content(frame)? {
-        Frame::Op { op, bytes } => {
-            let id = delta_id_of_body(op_body(&bytes));
-            Decoded::Op { id, op, bytes }
-        }
-        Frame::Key(kd) => Decoded::Key(kd),
-    })
-}
-
-/// A frame's content decoded, an op without its id: the node's transport
-/// leaves the ids to the verifiers, which hash a batch's together
-/// (`crypto::op_ids`).
-pub enum Frame {
-    Op { op: Op, bytes: Vec<u8> },
-    Key(KeyDelivery),
-}
-
-/// `decode_frame` but for the op's id.
-pub fn decode_frame_content(frame: &[u8]) -> Result<Frame, DecodeError> {
     match decode_message(frame)? {
-        Message::Op(op) => Ok(Frame::Op { op, bytes: frame[1..].to_vec() }),
-        Message::Key(kd) => Ok(Frame::Key(kd)),
+        Message::Op(op) => {
+            let bytes = frame[1..].to_vec();
+            let id = delta_id_of_body(op_body(&bytes));
+            Ok(Decoded::Op { id, op, bytes })
+        }
+        Message::Key(kd) => Ok(Decoded::Key(kd)),
     }
 }
 

@@ -65,15 +65,6 @@ pub fn delta_id_of_body(body: &[u8]) -> Hash {
     sha256_parts(&[OP_DOMAIN, body])
 }
 
-/// The id of each encoded op, in order (`delta_id_of_body` of each,
-/// several at once: `sha_lanes::sha256_prefixed`).
-pub fn op_ids(encoded_ops: &[&[u8]]) -> Vec<Hash> {
-    let bodies: Vec<&[u8]> = encoded_ops.iter().map(|b| super::codec::op_body(b)).collect();
-    let mut ids = Vec::with_capacity(bodies.len());
-    super::sha_lanes::sha256_prefixed(OP_DOMAIN, &bodies, &mut ids);
-    ids
-}
-
 /// The encoded op and its id.
 pub fn encode_op(op: &Op) -> (Vec<u8>, Hash) {
     let bytes = encode(op);

@@ -52,67 +52,6 @@ pub fn sha256_tag_pairs(tag: u8, pairs: &[(Hash, Hash)], out: &mut Vec<Hash>) {
     out.extend(pairs.iter().map(|(a, b)| sha256_tag_pair(tag, a, b)));
 }
 
-/// `out[i] = H(prefix || messages[i])` (`out` cleared first): messages that
-/// pad to the same number of blocks four (or two) at a time, interleaved
-/// as the tree's pairs are; the others one at a time. The op ids of a
-/// signature batch (`crypto::op_ids`), hashed one op at a time as frames
-/// arrived, were 15% of the network thread in `causal`.
-pub fn sha256_prefixed(prefix: &[u8], messages: &[&[u8]], out: &mut Vec<Hash>) {
-    out.clear();
-    #[cfg(target_arch = "x86_64")]
-    if has_sha_ni() && messages.len() > 1 {
-        out.resize(messages.len(), [0; 32]);
-        // By padded length, stable: runs of messages of one block count.
-        let blocks = |m: &[u8]| (prefix.len() + m.len() + 9).div_ceil(64);
-        let mut order: Vec<(usize, usize)> = messages.iter().enumerate().map(|(i, m)| (blocks(m), i)).collect();
-        order.sort_unstable();
-        for run in order.chunk_by(|a, b| a.0 == b.0) {
-            let mut fours = run.chunks_exact(4);
-            for c in &mut fours {
-                let ms: [&[u8]; 4] = std::array::from_fn(|j| messages[c[j].1]);
-                // SAFETY: the CPU has SHA-NI, SSE4.1 and SSSE3 (checked above).
-                let hs = unsafe { ni::prefixed::<4>(prefix, ms, c[0].0) };
-                for (j, h) in hs.into_iter().enumerate() {
-                    out[c[j].1] = h;
-                }
-            }
-            let mut twos = fours.remainder().chunks_exact(2);
-            for c in &mut twos {
-                // SAFETY: as above.
-                let hs = unsafe { ni::prefixed::<2>(prefix, [messages[c[0].1], messages[c[1].1]], c[0].0) };
-                out[c[0].1] = hs[0];
-                out[c[1].1] = hs[1];
-            }
-            for &(_, i) in twos.remainder() {
-                out[i] = super::crypto::sha256_parts(&[prefix, messages[i]]);
-            }
-        }
-        return;
-    }
-    out.extend(messages.iter().map(|m| super::crypto::sha256_parts(&[prefix, m])));
-}
-
-/// Block `j` of `prefix || m` padded (SHA-256's `0x80`, zeros, the length
-/// in bits), for a message of `prefix.len() + m.len()` bytes.
-fn padded_block(prefix: &[u8], m: &[u8], j: usize, nblocks: usize, out: &mut [u8; 64]) {
-    let len = prefix.len() + m.len();
-    let start = 64 * j;
-    *out = [0; 64];
-    // The message's bytes in [start, start + 64).
-    for (src, at) in [(prefix, 0), (m, prefix.len())] {
-        let (lo, hi) = (start.max(at), (start + 64).min(at + src.len()));
-        if lo < hi {
-            out[lo - start..hi - start].copy_from_slice(&src[lo - at..hi - at]);
-        }
-    }
-    if (start..start + 64).contains(&len) {
-        out[len - start] = 0x80;
-    }
-    if j + 1 == nblocks {
-        out[56..].copy_from_slice(&((len as u64) * 8).to_be_bytes());
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod ni {
     use crate::protocol::crypto::{state_bytes, tag_pair_blocks as blocks, SHA256_IV as IV};
@@ -139,20 +78,6 @@ mod ni {
         compress::<N>(&mut st, &core::array::from_fn(|j| &bl[j][0]));
         compress::<N>(&mut st, &core::array::from_fn(|j| &bl[j][1]));
         core::array::from_fn(|j| state_bytes(&st[j]))
-    }
-
-    /// N hashes of `prefix || m`, each message `nblocks` blocks once padded.
-    #[target_feature(enable = "sha,sse4.1,ssse3")]
-    pub unsafe fn prefixed<const N: usize>(prefix: &[u8], ms: [&[u8]; N], nblocks: usize) -> [Hash; N] {
-        let mut st = [IV; N];
-        let mut bl = [[0u8; 64]; N];
-        for j in 0..nblocks {
-            for (b, m) in bl.iter_mut().zip(ms) {
-                super::padded_block(prefix, m, j, nblocks, b);
-            }
-            compress::<N>(&mut st, &core::array::from_fn(|i| &bl[i]));
-        }
-        core::array::from_fn(|i| state_bytes(&st[i]))
     }
 
     /// One block into each of N states. SHA-NI keeps the state as ABEF and
@@ -203,28 +128,6 @@ mod ni {
 
 #[cfg(test)]
 mod tests {
-    use crate::protocol::crypto::sha256_parts;
-
-    #[test]
-    fn prefixed_messages_of_every_length_hash_as_sha2_does() {
-        // Lengths around every block boundary, mixed, in runs of every size
-        // (fours, twos, ones of a block count), each against sha2.
-        let prefix = b"dagfold/op/v1";
-        let all: Vec<Vec<u8>> = (0..300usize).map(|n| (0..n).map(|i| (i * 7 + n) as u8).collect()).collect();
-        for count in [1usize, 2, 3, 4, 5, 7, 8, 9, 17, 300] {
-            for start in (0..all.len()).step_by(37) {
-                let ms: Vec<&[u8]> = (0..count).map(|i| all[(start + i * 53) % all.len()].as_slice()).collect();
-                let mut out = vec![[1u8; 32]];
-                sha256_prefixed(prefix, &ms, &mut out);
-                let want: Vec<Hash> = ms.iter().map(|m| sha256_parts(&[prefix, m])).collect();
-                assert_eq!(out, want, "{count} messages from {start}");
-            }
-        }
-        let mut out = Vec::new();
-        sha256_prefixed(b"", &[b"abc", b""], &mut out);
-        assert_eq!(out, vec![sha256_parts(&[b"abc"]), sha256_parts(&[b""])]);
-    }
-
     use super::*;
     use crate::protocol::crypto::sha256;
 
