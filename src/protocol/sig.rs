@@ -471,7 +471,7 @@ fn challenge_digests<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> Vec<[
                 // A long message: the blocks before it first, in order.
                 sha512_lanes::digests(&blocks, &mut digests);
                 blocks.clear();
-                digests.push(Sha512::new().chain_update(&sig[..32]).chain_update(pk).chain_update(msg).finalize().into());
+                digests.push(challenge_digest(&sig[..32], pk, msg.as_ref()));
             }
         }
     }
@@ -481,11 +481,12 @@ fn challenge_digests<M: AsRef<[u8]>>(items: &[([u8; 32], M, [u8; 64])]) -> Vec<[
 
 /// `k = SHA-512(R || A || M) mod L`, over the encodings as received.
 fn challenge(r_bytes: &[u8], public_key: &[u8; 32], message: &[u8]) -> Scalar {
-    let mut h = Sha512::new();
-    h.update(r_bytes);
-    h.update(public_key);
-    h.update(message);
-    Scalar::from_hash(h)
+    Scalar::from_bytes_mod_order_wide(&challenge_digest(r_bytes, public_key, message))
+}
+
+/// `SHA-512(R || A || M)`, one message at a time.
+fn challenge_digest(r_bytes: &[u8], public_key: &[u8; 32], message: &[u8]) -> [u8; 64] {
+    Sha512::new().chain_update(r_bytes).chain_update(public_key).chain_update(message).finalize().into()
 }
 
 /// `[8]([S]B - [k]A - R) == identity`, given `-A`.
