@@ -28,6 +28,14 @@ pub(crate) struct Buffered {
     /// data key wait woken from such a pending wait keeps both records
     /// (`Engine::evaluate`), and this.
     pub(crate) in_ops: bool,
+    /// Its records (`in_ops`: its encoding in `Cf::Ops` and its pending
+    /// record; a governance key wait: its `Cf::KeyWaits` record) are in the
+    /// store, or in the commit being finished. An op buffered within a
+    /// commit has them written when that commit is taken, if it is still
+    /// buffered then (`Engine::take_commit`): one buffered and released
+    /// within a commit never reaches the disk, and nothing of it is
+    /// written, cancelled or deleted.
+    pub(crate) written: bool,
     pub(crate) seq: u64,
     /// Pending: the ids it is registered under in `waiters`.
     pub(crate) missing: Ids,
@@ -327,6 +335,14 @@ impl Buffers {
 
     pub(crate) fn get(&self, id: &Hash) -> Option<&Buffered> {
         self.buffered.get(id).map(|b| &**b)
+    }
+
+    /// An op still buffered whose records are not written yet (see
+    /// `Buffered::written`), marked written.
+    pub(crate) fn take_unwritten(&mut self, id: &Hash) -> Option<&Buffered> {
+        let b = self.buffered.get_mut(id).filter(|b| !b.written)?;
+        b.written = true;
+        Some(&**b)
     }
 
     /// When the oldest buffered op was buffered (ms).

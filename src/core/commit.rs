@@ -6,7 +6,6 @@
 
 use super::governance::GovNode;
 use super::tables::{Cf, ScopeRecord, Write};
-use super::IdSet;
 use crate::protocol::{Action, Hash, PublicKey};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,23 +67,6 @@ impl Commit {
 
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty() && self.events.is_empty() && self.folds.is_empty() && self.records.is_empty()
-    }
-
-    /// Drops the puts of buffer records (`Cf::Pending`, `Cf::KeyWaits`, an
-    /// op's encoding in `Cf::Ops`) whose keys are in `cancelled`: records of
-    /// ops buffered and released within this commit (`Engine::take_commit`).
-    pub(crate) fn drop_cancelled_puts(&mut self, cancelled: &IdSet<(u8, Hash)>) {
-        let writes = std::mem::take(&mut self.writes);
-        self.writes = writes
-            .into_iter()
-            .filter(|w| match w {
-                Write::Put(cf @ (Cf::Pending | Cf::KeyWaits | Cf::Ops), k, _) => {
-                    let id: Hash = k.as_slice().try_into().expect("buffer keys are ids");
-                    !cancelled.contains(&(*cf as u8, id))
-                }
-                _ => true,
-            })
-            .collect();
     }
 
     /// The event log: one record per scope for this commit (`Cf::Events`:

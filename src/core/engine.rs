@@ -139,10 +139,9 @@ pub struct Engine {
     pub(super) out: Commit,
     /// Scopes whose status changed since `take_touched_scopes`.
     pub(super) touched: Vec<u32>,
-    /// Buffer records put in the commit being built: an op buffered and
-    /// released within one commit never needs to reach the disk.
-    fresh_buffer_puts: IdSet<(u8, Hash)>,
-    cancelled_buffer_puts: IdSet<(u8, Hash)>,
+    /// Ops buffered in the commit being built, whose records it writes
+    /// if they are still buffered when it is taken (`Buffered::written`).
+    buffered_in_commit: Vec<Hash>,
     /// Ops records deleted (a pending op dropped or evicted) by commits not
     /// known to be durable, with the commit's number: until then the store
     /// may still hold them, and the cold index must not take one for an
@@ -201,8 +200,7 @@ impl Engine {
             work: VecDeque::new(),
             out: Commit::default(),
             touched: Vec::new(),
-            fresh_buffer_puts: Default::default(),
-            cancelled_buffer_puts: Default::default(),
+            buffered_in_commit: Vec::new(),
             ops_deleted: Default::default(),
             cold: None,
             cold_filter: IdFilter::new(0),
@@ -318,7 +316,7 @@ impl Engine {
             + ((self.hot_order.capacity() + self.dropped_order.capacity()) * entry) as u64
             + map_bytes::<Hash, u64>(self.ops_deleted.capacity())
             + map_bytes::<Hash, ()>(self.maybe_wanted.capacity())
-            + map_bytes::<(u8, Hash), ()>(self.fresh_buffer_puts.capacity() + self.cancelled_buffer_puts.capacity())
+            + (self.buffered_in_commit.capacity() * std::mem::size_of::<Hash>()) as u64
             + self.cold_filter.heap_bytes();
         // A set's element costs about its key and a third more in the
         // B-tree's nodes.
@@ -703,7 +701,7 @@ impl Engine {
         match self.judge(&op, scope, pre.as_mut()) {
             Judgement::Apply(payload, cut) => {
                 self.forget_prior(&id, prior.as_deref(), true);
-                let stored = prior.is_some_and(|b| b.in_ops);
+                let stored = prior.is_some_and(|b| b.in_ops && b.written);
                 self.apply(op, bytes, id, scope, payload, stored, cut);
                 Outcome::Applied
             }
@@ -729,7 +727,7 @@ impl Engine {
                         for m in &missing {
                             self.note_waited(m);
                         }
-                        self.buffer(op, bytes, id, scope, BufKind::Pending, missing, pre, now_ms, false);
+                        self.buffer(op, bytes, id, scope, BufKind::Pending, missing, pre, now_ms, false, false);
                     }
                 }
                 Outcome::NotYet(BufKind::Pending)
@@ -741,55 +739,58 @@ impl Engine {
                 // within the wait must not lose it (a restart re-judges it).
                 // Its wait is still in memory; at its deadline both go. So
                 // does one woken again while it waits (two of its missing
-                // dependencies applied in one cascade wake it twice).
+                // dependencies applied in one cascade wake it twice). One
+                // buffered within this commit has them written with it.
                 let kept = kind == BufKind::DataKeyWait && prior.as_deref().is_some_and(|b| b.in_ops);
                 if !kept {
                     self.forget_prior(&id, prior.as_deref(), false);
                 }
-                self.buffer(op, bytes, id, scope, kind, Ids::new(), None, now_ms, kept);
+                let written = kept && prior.as_deref().is_some_and(|b| b.written);
+                self.buffer(op, bytes, id, scope, kind, Ids::new(), None, now_ms, kept, written);
                 Outcome::NotYet(kind)
             }
         }
     }
 
-    /// Deletes the durable record of a buffered op leaving its buffer, and
+    /// Deletes the durable records of a buffered op leaving its buffer, and
     /// a pending op's encoding in the ops table unless it is `applied`. A
-    /// data key wait has none, unless it kept those of its pending wait.
+    /// data key wait has none, unless it kept those of its pending wait;
+    /// an op buffered within this commit has none yet (`Buffered::written`).
     fn forget_prior(&mut self, id: &Hash, prior: Option<&Buffered>, applied: bool) {
-        let Some(b) = prior else { return };
+        let Some(b) = prior.filter(|b| b.written) else { return };
         let cf = match b.kind {
             BufKind::Pending => Cf::Pending,
             BufKind::KeyWait => Cf::KeyWaits,
             BufKind::DataKeyWait if b.in_ops => Cf::Pending,
             BufKind::DataKeyWait => return,
         };
-        self.forget_record(cf, id);
-        if b.in_ops && !applied && self.forget_record(Cf::Ops, id) && self.cold.is_some() {
-            self.ops_deleted.insert(*id, self.commit_number);
+        self.out.writes.push(Write::Delete(cf, id.to_vec()));
+        if b.in_ops && !applied {
+            self.out.writes.push(Write::Delete(Cf::Ops, id.to_vec()));
+            if self.cold.is_some() {
+                self.ops_deleted.insert(*id, self.commit_number);
+            }
         }
     }
 
-    /// Removes a record put while buffering an op: drops the put if it is in
-    /// this very commit, else deletes it; true if a delete was written.
-    fn forget_record(&mut self, cf: Cf, id: &Hash) -> bool {
-        let key = (cf as u8, *id);
-        if self.fresh_buffer_puts.remove(&key) {
-            self.cancelled_buffer_puts.insert(key);
-            false
-        } else {
-            self.out.writes.push(Write::Delete(cf, id.to_vec()));
-            true
+    /// The records of the ops buffered within this commit and buffered
+    /// still, after every other write of the commit (a delete of an earlier
+    /// copy's records, evicted in it, comes before): a pending op's
+    /// encoding goes where it stays once applied, its pending record only
+    /// says that it is not applied yet; a governance key wait's record holds
+    /// its encoding.
+    fn write_buffered_in_commit(&mut self) {
+        for id in std::mem::take(&mut self.buffered_in_commit) {
+            let Some(b) = self.buffers.take_unwritten(&id) else { continue };
+            match b.kind {
+                BufKind::KeyWait => self.out.writes.push(Write::Put(Cf::KeyWaits, id.to_vec(), seq_and_bytes(b.seq, &b.bytes))),
+                _ if b.in_ops => {
+                    self.out.writes.push(Write::Put(Cf::Ops, id.to_vec(), b.bytes.clone()));
+                    self.out.writes.push(Write::Put(Cf::Pending, id.to_vec(), b.seq.to_le_bytes().to_vec()));
+                }
+                _ => {}
+            }
         }
-    }
-
-    /// Records a put of a buffered op's record (or its encoding in the ops
-    /// table) in this commit. Put, released and put again in one commit:
-    /// both puts stay and the later one wins.
-    fn put_record(&mut self, cf: Cf, id: &Hash, value: Vec<u8>) {
-        let key = (cf as u8, *id);
-        self.cancelled_buffer_puts.remove(&key);
-        self.fresh_buffer_puts.insert(key);
-        self.out.writes.push(Write::Put(cf, id.to_vec(), value));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -804,17 +805,12 @@ impl Engine {
         pre: Option<Prepared>,
         now_ms: u64,
         kept: bool,
+        written: bool,
     ) {
         let seq = self.next_seq();
-        match kind {
-            BufKind::Pending => {
-                // The op's encoding goes where it stays once applied; the
-                // pending record only says that it is not applied yet.
-                self.put_record(Cf::Ops, &id, bytes.clone());
-                self.put_record(Cf::Pending, &id, seq.to_le_bytes().to_vec());
-            }
-            BufKind::KeyWait => self.put_record(Cf::KeyWaits, &id, seq_and_bytes(seq, &bytes)),
-            BufKind::DataKeyWait => {}
+        let in_ops = kind == BufKind::Pending || kept;
+        if !written && (in_ops || kind == BufKind::KeyWait) {
+            self.buffered_in_commit.push(id);
         }
         let deadline_ms = now_ms.saturating_add(self.cfg.data_key_wait_ms);
         match kind {
@@ -822,8 +818,7 @@ impl Engine {
             BufKind::KeyWait => self.stats.buffered_key_wait += 1,
             BufKind::DataKeyWait => self.stats.buffered_data_key_wait += 1,
         }
-        let in_ops = kind == BufKind::Pending || kept;
-        let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms, since_ms: now_ms, pre });
+        let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, written, seq, missing, deadline_ms, since_ms: now_ms, pre });
         self.buffers.register(id, &b);
         self.put_buffered(id, b, true);
         self.enforce_bounds(scope);
@@ -979,11 +974,6 @@ impl Engine {
         if stored {
             self.out.released.push((id, bytes));
         } else {
-            // An earlier copy of it, parked and then evicted within this
-            // commit, had its put cancelled: this one stays.
-            if !self.cancelled_buffer_puts.is_empty() {
-                self.cancelled_buffer_puts.remove(&(Cf::Ops as u8, id));
-            }
             // A data op's parents are applied, so in the table: stored by
             // reference (`core::oprecord`), its bytes as signed handed on
             // with the released ones.
@@ -1069,14 +1059,7 @@ impl Engine {
         if let Some(e) = self.cold_failed() {
             return Err(e.clone());
         }
-        if !self.cancelled_buffer_puts.is_empty() {
-            // Keep only the last put of a key whose record was put and then
-            // released within this commit: drop every put of cancelled keys
-            // that is not followed by a live re-put.
-            let cancelled = std::mem::take(&mut self.cancelled_buffer_puts);
-            self.out.drop_cancelled_puts(&cancelled);
-        }
-        self.fresh_buffer_puts.clear();
+        self.write_buffered_in_commit();
         self.out.put_event_log();
         for s in self.scopes.iter_mut().filter(|s| s.dirty) {
             s.dirty = false;
@@ -1254,6 +1237,51 @@ pub(crate) mod tests {
         let reopened = Engine::restore(Config::default(), id, &*store.lock().unwrap(), None, 0).expect("the tables read back");
         assert_eq!(reopened.applied_total(), e.applied_total());
         assert_eq!(reopened.buffered_total().0, 0);
+    }
+
+    /// An op buffered and released within one commit writes what it would
+    /// have written arriving in order (its record in the ops table, nothing
+    /// in the pending table); one buffered, evicted and buffered again
+    /// within a commit has its records written once, by that commit.
+    #[test]
+    fn buffer_records_are_written_once_by_the_commit_that_ends_buffered() {
+        let table = |c: &Commit| {
+            let mut w: Vec<String> = c.writes.iter().filter_map(|w| match w {
+                Write::Put(cf @ (Cf::Ops | Cf::Pending), k, v) => Some(format!("put {cf:?} {k:?} {v:?}")),
+                Write::Delete(cf @ (Cf::Ops | Cf::Pending), k) => Some(format!("delete {cf:?} {k:?}")),
+                _ => None,
+            }).collect();
+            w.sort();
+            w
+        };
+        let (_, data, store, mut e) = chain(4, Config::default());
+        let (_, _, in_order_store, mut in_order) = chain(4, Config::default());
+        for m in &data[..3] {
+            assert_eq!(in_order.handle_frame(&m.frame, 0), Outcome::Applied);
+        }
+        assert_eq!(e.handle_frame(&data[2].frame, 0), Outcome::NotYet(BufKind::Pending));
+        assert_eq!(e.handle_frame(&data[1].frame, 0), Outcome::NotYet(BufKind::Pending));
+        assert_eq!(e.handle_frame(&data[0].frame, 0), Outcome::Applied);
+        let shuffled = write(&mut e, &store);
+        assert_eq!(table(&shuffled), table(&write(&mut in_order, &in_order_store)));
+
+        let (_, data, store, mut e) = chain(4, Config { buffered_ops_per_scope_max: 1, ..Config::default() });
+        assert_eq!(e.handle_frame(&data[2].frame, 0), Outcome::NotYet(BufKind::Pending));
+        assert_eq!(e.handle_frame(&data[3].frame, 0), Outcome::NotYet(BufKind::Pending));
+        assert_eq!(e.handle_frame(&data[2].frame, 0), Outcome::NotYet(BufKind::Pending));
+        assert_eq!(e.stats.evicted, 2);
+        let c = write(&mut e, &store);
+        let seq = e.buffers.get(&data[2].id).unwrap().seq;
+        assert_eq!(
+            table(&c),
+            vec![
+                format!("put Ops {:?} {:?}", data[2].id.to_vec(), data[2].frame[1..].to_vec()),
+                format!("put Pending {:?} {:?}", data[2].id.to_vec(), seq.to_le_bytes().to_vec()),
+            ]
+        );
+        assert_eq!(e.handle_frame(&data[1].frame, 0), Outcome::NotYet(BufKind::Pending), "d2 evicted, d1 waits on d0");
+        let c = write(&mut e, &store);
+        assert_eq!(c.writes.iter().filter(|w| matches!(w, Write::Delete(Cf::Ops | Cf::Pending, k) if *k == data[2].id.to_vec())).count(), 2);
     }
 
     /// A pending op evicted has its ops record deleted; until that deletion

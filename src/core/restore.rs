@@ -220,7 +220,7 @@ impl Engine {
             } else if e.keys.contains_key(&op.key_id) {
                 e.work.push_back(id);
             }
-            let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None });
+            let b = Box::new(Buffered { op, bytes, scope, kind, in_ops, written: true, seq, missing, deadline_ms: 0, since_ms: now_ms, pre: None });
             e.buffers.register(id, &b);
             e.put_buffered(id, b, true);
         }

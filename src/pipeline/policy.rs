@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 /// A commit closes at `commit_ops_max` applied ops, or at this many times
 /// as many received items when most of them park, are duplicates or drop.
 /// In order, every item applies and the commit size is unchanged; out of
-/// order, a bigger commit releases more of the ops it parked, whose pending
-/// put and delete then cancel (`Engine::take_commit`) instead of both going
-/// to the WAL.
+/// order, a bigger commit releases more of the ops it parked, which then
+/// write no buffer records at all (`Buffered::written`) instead of a put and
+/// a delete going to the WAL.
 const COMMIT_ITEMS_FACTOR: usize = 4;
 
 /// Commits handed over and not yet durable, at most, before the orderer
