@@ -1033,10 +1033,8 @@ impl Sim {
                 }
             }
         }
-        for s in r.engine.take_touched_scopes() {
-            if let Some(st) = r.engine.status(&s) {
-                r.published.insert(s, st);
-            }
+        for st in r.engine.take_statuses() {
+            r.published.insert(st.scope, st);
         }
         let unacked = std::mem::take(&mut r.unacked);
         let mut retry = Vec::new();

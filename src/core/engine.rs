@@ -68,6 +68,9 @@ pub(super) struct ScopeState {
     pub(super) applied: u64,
     pub(super) event_seq: u64,
     dirty: bool,
+    /// Its status changed since it was last taken: listed in
+    /// `Engine::touched` (`Engine::take_statuses`).
+    pub(super) status_stale: bool,
 }
 
 impl ScopeState {
@@ -81,6 +84,7 @@ impl ScopeState {
             applied: 0,
             event_seq: 0,
             dirty: false,
+            status_stale: false,
         }
     }
 }
@@ -137,8 +141,11 @@ pub struct Engine {
     pub(super) seq: u64,
     pub(super) work: VecDeque<Hash>,
     pub(super) out: Commit,
-    /// Scopes whose status changed since `take_touched_scopes`.
+    /// Scopes whose status changed since it was last taken
+    /// (`take_statuses`), each listed once while `status_stale`, in the
+    /// order they were touched, and counted in `stale_statuses`.
     pub(super) touched: Vec<u32>,
+    pub(super) stale_statuses: usize,
     /// Ops buffered in the commit being built, whose records it writes
     /// if they are still buffered when it is taken (`Buffered::written`).
     buffered_in_commit: Vec<Hash>,
@@ -200,6 +207,7 @@ impl Engine {
             work: VecDeque::new(),
             out: Commit::default(),
             touched: Vec::new(),
+            stale_statuses: 0,
             buffered_in_commit: Vec::new(),
             ops_deleted: Default::default(),
             cold: None,
@@ -824,10 +832,13 @@ impl Engine {
         self.enforce_bounds(scope);
     }
 
-    /// Notes that `scope`'s status changed (`take_touched_scopes`): once
-    /// for a run of ops of one scope, not once per op.
+    /// Notes that `scope`'s status changed (`take_statuses`): listed once
+    /// until its status is taken.
     fn touch(&mut self, scope: u32) {
-        if self.touched.last() != Some(&scope) {
+        let s = &mut self.scopes[scope as usize];
+        if !s.status_stale {
+            s.status_stale = true;
+            self.stale_statuses += 1;
             self.touched.push(scope);
         }
     }
@@ -1282,6 +1293,47 @@ pub(crate) mod tests {
         assert_eq!(e.handle_frame(&data[1].frame, 0), Outcome::NotYet(BufKind::Pending), "d2 evicted, d1 waits on d0");
         let c = write(&mut e, &store);
         assert_eq!(c.writes.iter().filter(|w| matches!(w, Write::Delete(Cf::Ops | Cf::Pending, k) if *k == data[2].id.to_vec())).count(), 2);
+    }
+
+    /// Each scope touched since the statuses were last taken has its status
+    /// taken once, as it is at the time it is taken; one taken alone (an
+    /// API write's) is not taken again by the next round unless touched
+    /// again; a scope whose genesis is not applied has none.
+    #[test]
+    fn statuses_are_taken_once_per_touched_scope() {
+        let (id, a, _, mut e) = chain(3, Config::default());
+        let b: Workload = generate(&WorkloadConfig { seed: 7, data_ops: 2, chain: true, ..Default::default() }, id.public_key, id.kem_public);
+        let sa = *e.scope_ids().first().unwrap();
+        assert!(e.statuses_stale(), "the prefix touched scope a");
+        assert_eq!(e.take_statuses().iter().map(|s| s.scope).collect::<Vec<_>>(), vec![sa]);
+        assert!(!e.statuses_stale() && e.take_statuses().is_empty());
+
+        // b's genesis parked on a missing dependency touches nothing
+        // applied: b is touched, but has no status.
+        let genesis = &b.messages[0];
+        let rest: Vec<&Generated> = b.messages[1..].iter().collect();
+        for m in &rest {
+            e.handle_frame(&m.frame, 0);
+        }
+        assert!(e.scope(&b.scope).is_some_and(|s| s.pending > 0), "b's ops wait for its genesis");
+        e.handle_frame(&a[0].frame, 0);
+        let taken = e.take_statuses();
+        assert_eq!(taken.iter().map(|s| s.scope).collect::<Vec<_>>(), vec![sa], "b's genesis not applied");
+        assert_eq!(taken[0].applied, e.status(&sa).unwrap().applied);
+
+        // Touched three times, taken once, with its state at the taking.
+        e.handle_frame(&genesis.frame, 0);
+        e.handle_frame(&a[1].frame, 0);
+        e.handle_frame(&a[2].frame, 0);
+        assert!(e.statuses_stale());
+        let alone = e.take_status(&sa).expect("a was touched");
+        assert_eq!(alone.applied, e.status(&sa).unwrap().applied);
+        assert!(e.take_status(&sa).is_none(), "taken already");
+        let taken = e.take_statuses();
+        assert_eq!(taken.iter().map(|s| s.scope).collect::<Vec<_>>(), vec![b.scope], "a was taken alone");
+        assert_eq!(taken[0].applied, e.status(&b.scope).unwrap().applied);
+        assert_eq!(taken[0].applied, 2 + b.messages.iter().filter(|m| !m.is_data && m.id != ZERO).count() as u64, "b whole");
+        assert!(!e.statuses_stale() && e.take_statuses().is_empty());
     }
 
     /// A pending op evicted has its ops record deleted; until that deletion

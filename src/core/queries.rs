@@ -49,10 +49,15 @@ impl Engine {
     /// The SPEC §11 status object, `None` (404) while the genesis is not applied.
     pub fn status(&mut self, id: &Hash) -> Option<ScopeStatus> {
         let i = *self.scope_index.get(id)?;
+        self.status_at(i)
+    }
+
+    fn status_at(&mut self, i: u32) -> Option<ScopeStatus> {
+        let id = self.scopes[i as usize].id;
         if !self.scopes[i as usize].genesis_applied {
             return None;
         }
-        let root = self.root_of(id);
+        let root = self.root_of(&id);
         let members = match &self.scopes[i as usize].members_at_heads {
             Some(m) => m.clone(),
             None => {
@@ -200,12 +205,44 @@ impl Engine {
         Some(self.gov.state_at(&cut))
     }
 
-    /// Scopes whose status changed since the last call.
-    pub fn take_touched_scopes(&mut self) -> Vec<Hash> {
-        let mut t = std::mem::take(&mut self.touched);
-        t.sort_unstable();
-        t.dedup();
-        t.into_iter().map(|i| self.scopes[i as usize].id).collect()
+    /// Whether a scope's status changed since it was last taken.
+    pub fn statuses_stale(&self) -> bool {
+        self.stale_statuses > 0
+    }
+
+    /// The statuses of the scopes whose status changed since it was last
+    /// taken, each once, in the order they were first touched (none for a
+    /// scope whose genesis is not applied).
+    pub fn take_statuses(&mut self) -> Vec<ScopeStatus> {
+        let touched = std::mem::take(&mut self.touched);
+        let mut v = Vec::with_capacity(self.stale_statuses);
+        for &i in &touched {
+            if self.take_stale(i) {
+                v.extend(self.status_at(i));
+            }
+        }
+        // The list's allocation kept for the next round.
+        self.touched = touched;
+        self.touched.clear();
+        v
+    }
+
+    /// `scope`'s status if it changed since it was last taken, which it
+    /// then no longer has to be (the API's writes, answered between the
+    /// rounds of `take_statuses`).
+    pub fn take_status(&mut self, scope: &Hash) -> Option<ScopeStatus> {
+        let i = *self.scope_index.get(scope)?;
+        if self.take_stale(i) {
+            self.status_at(i)
+        } else {
+            None
+        }
+    }
+
+    fn take_stale(&mut self, i: u32) -> bool {
+        let stale = std::mem::take(&mut self.scopes[i as usize].status_stale);
+        self.stale_statuses -= usize::from(stale);
+        stale
     }
 
     /// Every accepted governance op, for the pipeline's replica.

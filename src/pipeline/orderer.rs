@@ -65,7 +65,6 @@ pub(super) fn run(
     let OrdererIo { gov, keyring, probes, outcomes, gate, direct } = io;
     let mut hosts: crate::core::IdMap<std::net::IpAddr, (u32, u32)> = Default::default();
     let mut conns: crate::core::IdMap<Hash, ConnId> = Default::default();
-    let mut status_pending: std::collections::BTreeSet<Hash> = std::collections::BTreeSet::new();
     let mut policy = OrderPolicy::new(commit_ops_max, Duration::from_millis(tick_ms), Instant::now());
     let mut last_received = Instant::now();
     let mut open = true;
@@ -186,13 +185,12 @@ pub(super) fn run(
         } else {
             hosts.clear();
         }
-        status_pending.extend(engine.take_touched_scopes());
         // Statuses (and so the scope roots) are computed when the input is
         // drained, and under load at most every STATUS_INTERVAL (the
         // policy). A data op entering its in-memory key wait writes nothing
         // but still changes the status.
         let now = Instant::now();
-        let want_status = policy.want_status(now, !status_pending.is_empty(), rx.is_empty());
+        let want_status = policy.want_status(now, engine.statuses_stale(), rx.is_empty());
         // The ids to ask peers for, refreshed after a change, at most every
         // WANTED_INTERVAL, idle ticks included (the policy).
         let changed = !commit.is_empty() || !commit.applied.is_empty() || want_status;
@@ -234,14 +232,14 @@ pub(super) fn run(
             let t_status = Instant::now();
             policy.statuses_computed(t_status);
             authoring.judged.clear();
-            let v: Vec<ScopeStatus> = std::mem::take(&mut status_pending).iter().filter_map(|s| engine.status(s)).collect();
+            let v = engine.take_statuses();
             histogram!("dagfold_stage_seconds", "stage" => "status").record(t_status.elapsed().as_secs_f64());
             v
         } else {
             // Between the policy's rounds, the scopes of the API's writes
             // (answered once this commit is durable).
             let judged = std::mem::take(&mut authoring.judged);
-            judged.iter().filter(|s| status_pending.remove(*s)).filter_map(|s| engine.status(s)).collect()
+            judged.iter().filter_map(|s| engine.take_status(s)).collect()
         };
         let applied_conns: Vec<ConnId> =
             commit.applied.iter().map(|(id, _)| conns.remove(id).unwrap_or(0)).collect();
