@@ -417,8 +417,8 @@ fn fold_workload(scopes: u64, ops_per_scope: usize, statuses: bool) -> Sharded {
     let frames: Vec<Vec<u8>> = prefix.chain(interleaved).map(|m| m.frame.clone()).collect();
     let mut take = |engine: &mut Engine| {
         let c = engine.take_commit().unwrap();
-        let touched = engine.take_touched_scopes();
-        let s = if statuses { touched.iter().filter_map(|s| engine.status(s)).collect() } else { Vec::new() };
+        let taken = engine.take_statuses();
+        let s = if statuses { taken } else { Vec::new() };
         commits.push((c.folds, c.records, s));
     };
     for (n, frame) in frames.iter().enumerate() {
@@ -615,7 +615,7 @@ fn order_stage(c: &mut Criterion) {
                             }
                         }
                         let commit = engine.take_commit().unwrap();
-                        let statuses = engine.take_touched_scopes().iter().filter_map(|s| engine.status(s)).collect();
+                        let statuses = engine.take_statuses();
                         tx.send((commit, statuses)).unwrap();
                     }
                     drop(tx);
