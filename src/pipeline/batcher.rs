@@ -11,7 +11,7 @@ use super::{Batch, Item, Work};
 use crate::core::Prepared;
 
 /// How long a batch smaller than `BATCH_LINGER_UNTIL` waits for more
-/// items, in steps of `BATCH_LINGER_STEP`. 3 ms rather than 1: a node
+/// items, looking again after each nap (`linger_step`). 3 ms rather than 1: a node
 /// receiving a peer's writes by gossip at 11-14k ops/s (`tools/bench
 /// api_writes`, node B) spent 0.47-0.50 of the writing node's CPU per op
 /// at 1 ms and 0.42-0.43 at 3 ms (fewer, larger signature batches and
