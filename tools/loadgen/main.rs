@@ -208,6 +208,12 @@ struct RunArgs {
     /// each read costs the node an HTTP request.
     #[arg(long, default_value_t = 5)]
     sample_ms: u64,
+    /// Write the latencies by when their frames were sent to this file: a
+    /// line per 50 ms of the timed phase (its start in seconds, the frames
+    /// sent in it, their mean and their largest latency in ms), to see
+    /// where in a run its tail comes from.
+    #[arg(long)]
+    latency_windows: Option<PathBuf>,
     /// The node's pid, for its CPU time and RSS.
     #[arg(long)]
     node_pid: Option<u32>,
@@ -527,6 +533,11 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
         data.insert(at.min(data.len()), f);
     }
     eprintln!("loadgen: generated in {:.1} s; sending {} frames", t_gen.elapsed().as_secs_f64(), data.len() + prefix.len());
+    // The generator threads' memory, freed, is given back now: left to the
+    // allocator's purge delay, the sender's first allocations purged it
+    // inside the timed phase, 15–20 ms in one madvise while the node sat
+    // idle (`perf sched`), and every frame written before it waited too.
+    dagfold::idle::collect_now();
     // The node's applied count: the scope's status, or with many scopes
     // the node's total (a fresh node: every op it applied is one of ours).
     let applied_now = |admin: SocketAddr| -> Option<u64> {
@@ -694,6 +705,9 @@ fn run(a: RunArgs) -> anyhow::Result<serde_json::Value> {
     // The longest the applied count stood still while sent ops waited: one
     // such stall longer than the p99 target decides the p99 of a short run.
     let (stall_ms, stall_at_s) = longest_stall(&samples, &order, valid_data);
+    if let Some(path) = &a.latency_windows {
+        std::fs::write(path, latency_windows(&order, &lat)).with_context(|| format!("writing {}", path.display()))?;
+    }
     lat.sort_by(|x, y| x.partial_cmp(y).unwrap());
     let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p) as usize).copied().unwrap_or(0.0);
     // Cores used over the timed phase, from CPU seconds before and after.
@@ -752,6 +766,24 @@ fn p99_ms(mut us: Vec<u64>) -> f64 {
 /// ops in equal shares (exact in causal order without invalid frames).
 fn applied_by(sent: u64, valid: u64, frames: usize) -> u64 {
     (sent * valid).div_ceil(frames.max(1) as u64)
+}
+
+/// `lat[j]`, the latency of the `j`-th frame of `order` (by send time,
+/// µs), summed up per 50 ms of send time: the window's start (s), its
+/// frames, their mean and largest latency (ms), a line each.
+fn latency_windows(order: &[(u64, usize)], lat: &[f64]) -> String {
+    const WINDOW_US: u64 = 50_000;
+    let mut out = String::new();
+    let mut j = 0;
+    while j < order.len() {
+        let w = order[j].0 / WINDOW_US;
+        let n = order[j..].iter().take_while(|(t, _)| t / WINDOW_US == w).count();
+        let l = &lat[j..j + n];
+        let max = l.iter().copied().fold(0.0, f64::max);
+        out += &format!("{:.2} {} {:.1} {:.1}\n", (w * WINDOW_US) as f64 / 1e6, n, l.iter().sum::<f64>() / n as f64, max);
+        j += n;
+    }
+    out
 }
 
 /// The longest interval between two samples of the applied count with no
@@ -1057,4 +1089,19 @@ fn send(a: SendArgs) -> anyhow::Result<serde_json::Value> {
         "root_ok": target.is_some().then_some(true),
         "applied": final_status.as_ref().map(|s| s["applied"].clone()),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::latency_windows;
+
+    #[test]
+    fn latencies_are_summed_up_per_50_ms_of_send_time() {
+        // Sent at 0, 10 and 49.999 ms (one window), then 120 ms (the third;
+        // the second has no frame, so no line).
+        let order = [(0, 3), (10_000, 0), (49_999, 1), (120_000, 2)];
+        let lat = [4.0, 2.0, 9.0, 1.5];
+        assert_eq!(latency_windows(&order, &lat), "0.00 3 5.0 9.0\n0.10 1 1.5 1.5\n");
+        assert_eq!(latency_windows(&[], &[]), "");
+    }
 }
