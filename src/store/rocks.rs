@@ -175,7 +175,7 @@ impl RocksStore {
         // slow either here (the disk) or in the memtable (CPU). On this
         // machine kind a sync now and then takes 100–400 ms where it
         // usually takes ~1 ms, and the whole pipeline waits behind it
-        // (ARCHITECTURE.md, "Latency at half rate").
+        // (docs/PERFORMANCE.md, "Latency at half rate").
         rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::EnableTime);
         let mut perf = rocksdb::perf::PerfContext::default();
         perf.reset();
