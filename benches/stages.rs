@@ -506,20 +506,30 @@ enum Ordered {
     Key(KeyDelivery, Option<Option<[u8; 32]>>),
 }
 
+/// The order in which `order_items` delivers its data ops.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    Causal,
+    Shuffled,
+    Reversed,
+}
+
 /// A message of the order stage's workload: its id (an op's), its frame,
 /// what the stages before the orderer computed, and whether it is a key
 /// delivery.
 type Prepped = (Hash, Vec<u8>, Prepared, bool);
 
-/// The order stage's workload: 100,000 causal data ops (4 writers, one
-/// scope), after its governance ops and key deliveries; `shuffled`: the
-/// data ops shuffled in windows of 10,000 with 10% duplicates, as
-/// `tools/bench shuffled` sends them. Each message with what the stages
+/// The order stage's workload (`Order`): 100,000 data ops of one scope
+/// after its governance ops and key deliveries. Causal: 4 writers, in
+/// order; shuffled: the same ops shuffled in windows of 10,000 with 10%
+/// duplicates, as `tools/bench shuffled` sends them; reversed: a chain of
+/// one writer sent last op first, as `tools/bench reversed` sends it
+/// (every op parked, then one cascade). Each message with what the stages
 /// before the orderer compute for it on its arrival (an authorizer's
 /// replica that has applied what came before it).
-fn order_items(shuffled: bool) -> (dagfold::workload::Workload, Vec<Prepped>) {
+fn order_items(order: Order) -> (dagfold::workload::Workload, Vec<Prepped>) {
     use rand::{Rng, SeedableRng};
-    let w = workload(100_000, false);
+    let w = workload(100_000, order == Order::Reversed);
     let keys: std::collections::HashMap<Hash, [u8; 32]> = w.keys.iter().map(|k| (crypto::key_id_of(k), *k)).collect();
     let (mut frames, mut data): (Vec<Vec<u8>>, Vec<Vec<u8>>) = (Vec::new(), Vec::new());
     for m in &w.messages {
@@ -529,7 +539,10 @@ fn order_items(shuffled: bool) -> (dagfold::workload::Workload, Vec<Prepped>) {
             frames.push(m.frame.clone());
         }
     }
-    if shuffled {
+    if order == Order::Reversed {
+        data.reverse();
+    }
+    if order == Order::Shuffled {
         let order = dagfold::workload::shuffle_within_windows(data.len(), 10_000, 7);
         data = order.into_iter().map(|i| std::mem::take(&mut data[i])).collect();
         let mut rng = rand::rngs::StdRng::seed_from_u64(8);
@@ -562,10 +575,11 @@ fn order_items(shuffled: bool) -> (dagfold::workload::Workload, Vec<Prepped>) {
 }
 
 /// The order stage alone: the engine as the orderer runs it, its fold
-/// handed out (`Engine::take_projector`), over `order_items`' workload (causal, and
-/// shuffled) as the stages before it deliver them (`Ordered`:
-/// what the verifiers, the authorizer and the decryptor compute), a commit
-/// taken every 1,024 frames with its scope's status, and sent to a thread
+/// handed out (`Engine::take_projector`), over `order_items`' workloads
+/// (causal, shuffled, reversed) as the stages before it deliver them
+/// (`Ordered`: what the verifiers, the authorizer and the decryptor
+/// compute), a commit taken every 1,024 frames (and every 1,024 ops of a
+/// cascade) with its scope's status, and sent to a thread
 /// that frees it (the projector and committer do, in the node). Its rate
 /// is the cap one orderer thread puts on a node however many cores it has
 /// (ARCHITECTURE.md, "Cost per stage"); the orderer's thread adds the
@@ -575,10 +589,14 @@ fn order_stage(c: &mut Criterion) {
     g.sample_size(10);
     g.measurement_time(Duration::from_secs(20));
     g.throughput(Throughput::Elements(100_000));
-    for (name, shuffled) in [("causal, commits of 1,024 frames", false), ("shuffled, commits of 1,024 frames", true)] {
+    for (name, order) in [
+        ("causal, commits of 1,024 frames", Order::Causal),
+        ("shuffled, commits of 1,024 frames", Order::Shuffled),
+        ("reversed chain, commits of 1,024 frames", Order::Reversed),
+    ] {
         let made = std::cell::OnceCell::new();
         g.bench_function(name, |b| {
-            let (w, items) = made.get_or_init(|| order_items(shuffled));
+            let (w, items) = made.get_or_init(|| order_items(order));
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
@@ -595,14 +613,19 @@ fn order_stage(c: &mut Criterion) {
                         .collect();
                     let mut engine = Engine::new(Config::default(), node());
                     let _projector = engine.take_projector();
+                    // A cascade in commits of 1,024 ops at most, as the node's.
+                    engine.set_cascade_budget(1024);
                     let (tx, rx) = crossbeam_channel::bounded::<(Commit, Vec<dagfold::core::ScopeStatus>)>(4);
                     let freer = std::thread::spawn(move || rx.into_iter().count());
                     let mut input = input.into_iter();
                     let t = Instant::now();
                     loop {
                         let chunk: Vec<Ordered> = input.by_ref().take(1024).collect();
-                        if chunk.is_empty() {
+                        if chunk.is_empty() && !engine.cascade_remaining() {
                             break;
+                        }
+                        if chunk.is_empty() {
+                            engine.continue_cascade(0);
                         }
                         for item in chunk {
                             match item {
