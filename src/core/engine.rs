@@ -1107,7 +1107,7 @@ impl Engine {
 }
 
 /// A placeholder left in a buffer record whose op was moved out.
-fn empty_op() -> Op {
+pub(super) fn empty_op() -> Op {
     Op {
         version: 0,
         scope: ZERO,
