@@ -1035,6 +1035,10 @@ impl Engine {
             let Some(id) = self.work.pop_front() else { break };
             steps += 1;
             assert!(steps <= limits::CASCADE_STEPS_MAX, "cascade exceeded its bound");
+            // The op index's slot of this id, read now: its apply writes
+            // it, and the read's cache miss overlaps the buffers' below
+            // instead of following it.
+            std::hint::black_box(self.ops.contains_key(&id));
             let Some(b) = self.take_buffered(&id) else {
                 continue; // Evicted, expired, or already settled this cascade.
             };
