@@ -621,10 +621,10 @@ fn order_stage(c: &mut Criterion) {
                     let t = Instant::now();
                     loop {
                         let chunk: Vec<Ordered> = input.by_ref().take(1024).collect();
-                        if chunk.is_empty() && !engine.cascade_remaining() {
-                            break;
-                        }
                         if chunk.is_empty() {
+                            if !engine.cascade_remaining() {
+                                break;
+                            }
                             engine.continue_cascade(0);
                         }
                         for item in chunk {

@@ -78,6 +78,17 @@ impl Slot {
 
 type Slots = IdMap<Hash, Slot>;
 
+/// `f` on the slot of `id`, if there is one, and the slot removed if it
+/// is left empty (no slot is ever empty).
+fn update_slot<R>(slots: &mut Slots, id: &Hash, f: impl FnOnce(&mut Slot) -> R) -> Option<R> {
+    let std::collections::hash_map::Entry::Occupied(mut slot) = slots.entry(*id) else { return None };
+    let r = f(slot.get_mut());
+    if slot.get().is_empty() {
+        slot.remove();
+    }
+    Some(r)
+}
+
 impl AgeOrder {
     fn is_live(slots: &Slots, (seq, id): &(u64, Hash)) -> bool {
         slots.get(id).and_then(|s| s.op.as_ref()).is_some_and(|b| b.seq == *seq)
@@ -233,11 +244,7 @@ impl Buffers {
     /// Takes an op out of its buffer (not out of the lists it is registered
     /// in: see `unregister`).
     pub(crate) fn take(&mut self, id: &Hash) -> Option<Box<Buffered>> {
-        let std::collections::hash_map::Entry::Occupied(mut slot) = self.slots.entry(*id) else { return None };
-        let b = slot.get_mut().op.take()?;
-        if slot.get().is_empty() {
-            slot.remove();
-        }
+        let b = update_slot(&mut self.slots, id, |s| s.op.take())??;
         self.buffered -= 1;
         self.prepared_bytes_total -= prepared_bytes(&b.pre);
         let s = &mut self.scopes[b.scope as usize];
@@ -265,12 +272,7 @@ impl Buffers {
     /// Removes a buffered op from the lists it is registered in.
     pub(crate) fn unregister(&mut self, id: &Hash, b: &Buffered) {
         for m in &b.missing {
-            if let std::collections::hash_map::Entry::Occupied(mut slot) = self.slots.entry(*m) {
-                slot.get_mut().waiters.retain(|x| x != id);
-                if slot.get().is_empty() {
-                    slot.remove();
-                }
-            }
+            update_slot(&mut self.slots, m, |s| s.waiters.retain(|x| x != id));
         }
         if b.kind != BufKind::Pending {
             if let Some(list) = self.key_waiters.get_mut(&b.op.key_id) {
@@ -295,12 +297,7 @@ impl Buffers {
     /// The ops waiting for `id` (it is applied or dropped: their wait on it
     /// is over), no longer registered under it.
     pub(crate) fn take_waiters(&mut self, id: &Hash) -> Option<Ids> {
-        let std::collections::hash_map::Entry::Occupied(mut slot) = self.slots.entry(*id) else { return None };
-        let waiters = std::mem::take(&mut slot.get_mut().waiters);
-        if slot.get().is_empty() {
-            slot.remove();
-        }
-        (!waiters.is_empty()).then_some(waiters)
+        update_slot(&mut self.slots, id, |s| std::mem::take(&mut s.waiters)).filter(|w| !w.is_empty())
     }
 
     /// The ops waiting for the key `key_id` (it arrived).
