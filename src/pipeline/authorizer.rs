@@ -21,6 +21,7 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Govern
     // Restores ingest order; holds at most the batches in flight.
     let mut next = 0u64;
     let mut held: BTreeMap<u64, Batch> = BTreeMap::new();
+    let stage = histogram!("dagfold_stage_seconds", "stage" => "authorize");
     for batch in crate::idle::recv(&rx) {
         held.insert(batch.seq, batch);
         while let Some(mut batch) = held.remove(&next) {
@@ -41,7 +42,7 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, gov: Arc<RwLock<Govern
                 }
             }
             drop(g);
-            histogram!("dagfold_stage_seconds", "stage" => "authorize").record(t.elapsed().as_secs_f64());
+            stage.record(t.elapsed().as_secs_f64());
             if tx.send(batch).is_err() {
                 return;
             }

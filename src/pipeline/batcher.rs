@@ -41,6 +41,7 @@ fn linger_step(have: usize, waited: Duration) -> Duration {
 
 pub(super) fn run(mut ingest: tokio::sync::mpsc::Receiver<Work>, out: Sender<Batch>, batch_max: usize) {
     let mut seq = 0u64;
+    let batch_ops = histogram!("dagfold_batch_ops");
     while let Some(first) = ingest.blocking_recv() {
         let received = Instant::now();
         let mut items = vec![Item { work: first, valid: false, pre: Prepared::default() }];
@@ -62,7 +63,7 @@ pub(super) fn run(mut ingest: tokio::sync::mpsc::Receiver<Work>, out: Sender<Bat
             }
             std::thread::sleep(linger_step(items.len(), waited));
         }
-        histogram!("dagfold_batch_ops").record(items.len() as f64);
+        batch_ops.record(items.len() as f64);
         if out.send(Batch { seq, items, received }).is_err() {
             return;
         }

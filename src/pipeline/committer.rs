@@ -81,11 +81,12 @@ pub(super) fn run<S: Store>(
     let publisher = std::thread::Builder::new()
         .name("dagfold-publish".into())
         .spawn(move || {
+            let m = PublishMetrics::new();
             for w in crate::idle::recv(&written) {
                 match w {
                     Written::Commits(commits) => {
                         for c in commits {
-                            published(c, &sh, applied_bytes, &mut on_durable);
+                            published(c, &sh, applied_bytes, &m, &mut on_durable);
                         }
                     }
                     Written::Refused => sh.answers.lock().unwrap().clear(),
@@ -128,11 +129,12 @@ fn encode_all(
     applied_bytes: bool,
     to_write: crossbeam_channel::Sender<ToWrite>,
 ) {
+    let (encode_seconds, commit_writes) = (histogram!("dagfold_encode_seconds"), histogram!("dagfold_commit_writes"));
     while let Some(mut c) = parts.recv() {
         let t = Instant::now();
         let e = encoder.as_ref().map(|e| e.encode(&c.0.writes));
-        histogram!("dagfold_encode_seconds").record(t.elapsed().as_secs_f64());
-        histogram!("dagfold_commit_writes").record(c.0.writes.len() as f64);
+        encode_seconds.record(t.elapsed().as_secs_f64());
+        commit_writes.record(c.0.writes.len() as f64);
         if e.is_some() {
             if applied_bytes {
                 c.0.writes.retain(|w| matches!(w, Write::Put(crate::core::Cf::Ops, ..)));
@@ -157,6 +159,7 @@ fn write_all<S: Store>(
 ) {
     let mut group: Vec<ToWrite> = Vec::with_capacity(COMMITS_PER_WRITE_MAX);
     let mut sized: Option<Instant> = None;
+    let (commit_seconds, commits_per_write) = (histogram!("dagfold_commit_seconds"), histogram!("dagfold_commits_per_write"));
     for first in crate::idle::recv(&encoded) {
         if sized.is_none_or(|t| t.elapsed() >= TABLE_BYTES_INTERVAL) {
             sized = Some(Instant::now());
@@ -183,8 +186,8 @@ fn write_all<S: Store>(
             never_written(&mut group, to_publish);
             continue;
         }
-        histogram!("dagfold_commit_seconds").record(t.elapsed().as_secs_f64());
-        histogram!("dagfold_commits_per_write").record(group.len() as f64);
+        commit_seconds.record(t.elapsed().as_secs_f64());
+        commits_per_write.record(group.len() as f64);
         // The orderer may now answer for these commits' ops from the store.
         let last = group.last().expect("a group holds a commit").0 .0.number;
         shared.durable_commits.store(last + 1, Ordering::Release);
@@ -242,11 +245,34 @@ fn write_group<S: Store>(store: &mut S, group: &mut [ToWrite], sync: bool) -> Re
 /// A commit written: readable (and durable, when syncing) from here. Its
 /// statuses are published, its API writes answered, and its side effects
 /// handed to the node.
-fn published(c: ToCommit, shared: &PipelineState, applied_bytes: bool, on_durable: &mut Box<dyn FnMut(Committed) + Send>) {
+/// The publisher's metrics, their handles looked up in the registry once.
+struct PublishMetrics {
+    applied_ops: metrics::Histogram,
+    end_to_end: metrics::Histogram,
+    applied_total: metrics::Counter,
+}
+
+impl PublishMetrics {
+    fn new() -> PublishMetrics {
+        PublishMetrics {
+            applied_ops: histogram!("dagfold_commit_applied_ops"),
+            end_to_end: histogram!("dagfold_end_to_end_seconds"),
+            applied_total: counter!("dagfold_applied_total"),
+        }
+    }
+}
+
+fn published(
+    c: ToCommit,
+    shared: &PipelineState,
+    applied_bytes: bool,
+    m: &PublishMetrics,
+    on_durable: &mut Box<dyn FnMut(Committed) + Send>,
+) {
     let (mut commit, statuses, conns, received) = c;
-    histogram!("dagfold_commit_applied_ops").record(commit.applied.len() as f64);
-    histogram!("dagfold_end_to_end_seconds").record(received.elapsed().as_secs_f64());
-    counter!("dagfold_applied_total").increment(commit.applied.len() as u64);
+    m.applied_ops.record(commit.applied.len() as f64);
+    m.end_to_end.record(received.elapsed().as_secs_f64());
+    m.applied_total.increment(commit.applied.len() as u64);
     shared.applied_total.fetch_add(commit.applied.len() as u64, Ordering::Relaxed);
     // Scopes whose members changed, for the node to end the live
     // subscriptions of members removed (SPEC §10).

@@ -22,6 +22,7 @@ pub(super) fn run(
     identity: &Identity,
     gate: &gate::ByteGate,
 ) {
+    let stage = histogram!("dagfold_stage_seconds", "stage" => "decrypt");
     for mut batch in crate::idle::recv(&rx) {
         let t = Instant::now();
         note_age("decrypt", batch.received);
@@ -58,7 +59,7 @@ pub(super) fn run(
                 }
             }
         }
-        histogram!("dagfold_stage_seconds", "stage" => "decrypt").record(t.elapsed().as_secs_f64());
+        stage.record(t.elapsed().as_secs_f64());
         if !gate.acquire(batch.bytes()) || tx.send(batch).is_err() {
             return;
         }

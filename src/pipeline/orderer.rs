@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use metrics::{counter, gauge, histogram};
 
-use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_memory, publish_engine_stats, Paced, WaitCounter};
+use super::metrics::{count_verdict, flush_verdicts, publish_engine_memory, EngineGauges, Paced, WaitCounter};
 use super::policy::{InFlight, OrderPolicy};
 use super::projector::{HeartbeatCheck, ToProject};
 use super::shards::Split;
@@ -70,6 +70,17 @@ pub(super) fn run(
     let mut open = true;
     let waited_commit = WaitCounter::new("commit");
     let waited_input = WaitCounter::new("input");
+    // The handles of what is published with every commit, looked up once.
+    let engine_gauges = EngineGauges::new();
+    let order_seconds = histogram!("dagfold_stage_seconds", "stage" => "order");
+    let status_seconds = histogram!("dagfold_stage_seconds", "stage" => "status");
+    let order_age = histogram!("dagfold_batch_age_seconds", "at" => "order");
+    let buffered_ops = gauge!("dagfold_buffered_ops");
+    let buffered_bytes = gauge!("dagfold_buffered_bytes");
+    let queues: Vec<(metrics::Gauge, &Receiver<Batch>)> =
+        probes.iter().map(|(stage, rx)| (gauge!("dagfold_queue_batches", "stage" => *stage), rx)).collect();
+    let project_queue = gauge!("dagfold_queue_batches", "stage" => "project");
+    let order_queue_bytes = gauge!("dagfold_order_queue_bytes");
     let mut heartbeats: Vec<HeartbeatCheck> = Vec::new();
     let mut authoring = Authoring::default();
     let mut in_flight = InFlight::default();
@@ -122,7 +133,7 @@ pub(super) fn run(
                     }
                 }
                 Input::Batch(batch) => {
-                    note_age("order", batch.received);
+                    order_age.record(batch.received.elapsed().as_secs_f64());
                     gate.release(batch.bytes());
                     last_received = last_received.min(batch.received);
                     items_in_commit += batch.items.len();
@@ -214,7 +225,7 @@ pub(super) fn run(
             continue;
         }
         spell.worked();
-        histogram!("dagfold_stage_seconds", "stage" => "order").record(t.elapsed().as_secs_f64());
+        order_seconds.record(t.elapsed().as_secs_f64());
         // Feed the replicas before the next batch reaches the authorizer.
         if !commit.gov_applied.is_empty() {
             let mut g = gov.write().expect("governance replica lock");
@@ -233,7 +244,7 @@ pub(super) fn run(
             policy.statuses_computed(t_status);
             authoring.judged.clear();
             let v = engine.take_statuses();
-            histogram!("dagfold_stage_seconds", "stage" => "status").record(t_status.elapsed().as_secs_f64());
+            status_seconds.record(t_status.elapsed().as_secs_f64());
             v
         } else {
             // Between the policy's rounds, the scopes of the API's writes
@@ -247,14 +258,14 @@ pub(super) fn run(
         let (bo, bb) = engine.buffered_total();
         shared.buffered_ops.store(bo, Ordering::Relaxed);
         shared.buffered_bytes.store(bb, Ordering::Relaxed);
-        gauge!("dagfold_buffered_ops").set(bo as f64);
-        gauge!("dagfold_buffered_bytes").set(bb as f64);
-        publish_engine_stats(engine);
-        for (stage, rx) in &probes {
-            gauge!("dagfold_queue_batches", "stage" => *stage).set(rx.len() as f64);
+        buffered_ops.set(bo as f64);
+        buffered_bytes.set(bb as f64);
+        engine_gauges.publish(engine);
+        for (gauge, rx) in &queues {
+            gauge.set(rx.len() as f64);
         }
-        gauge!("dagfold_queue_batches", "stage" => "project").set(commit_tx.len() as f64);
-        gauge!("dagfold_order_queue_bytes").set(gate.held() as f64);
+        project_queue.set(commit_tx.len() as f64);
+        order_queue_bytes.set(gate.held() as f64);
         // Both slots of a shard taken: that shard (or, behind it, the
         // committer) is behind, and the time spent here is the orderer
         // waiting for it. The commit is split by scope on this thread.

@@ -32,6 +32,7 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::Veri
     // the verifiers.
     let key_hits = gauge!("dagfold_key_cache_hits_total");
     let key_misses = gauge!("dagfold_key_cache_misses_total");
+    let stage = histogram!("dagfold_stage_seconds", "stage" => "verify");
     for mut batch in crate::idle::recv(&rx) {
         let t = Instant::now();
         note_age("verify", batch.received);
@@ -63,7 +64,7 @@ pub(super) fn run(rx: Receiver<Batch>, tx: Sender<Batch>, cache: &verified::Veri
                 i.valid = *valid_of_op.next().expect("one per op");
             }
         }
-        histogram!("dagfold_stage_seconds", "stage" => "verify").record(t.elapsed().as_secs_f64());
+        stage.record(t.elapsed().as_secs_f64());
         verified_total.increment(sigs.len() as u64);
         let (hits, misses) = crate::protocol::sig::key_cache_counts();
         key_hits.set(hits as f64);
