@@ -161,8 +161,9 @@ const ENGINE_COUNTERS: [(&str, fn(&Stats) -> u64); 11] = [
 
 /// The engine's gauges, their handles taken from the registry once: a
 /// lookup hashes the key and its labels, and the orderer publishes all of
-/// them with every commit (33 lookups a commit, ~5% of the orderer's
-/// thread in `tools/bench api_writes`, whose commits hold a few writes).
+/// them with every commit (with the queues' gauges, 34 lookups a commit:
+/// ~5% of the orderer's thread in `tools/bench api_writes`, whose commits
+/// hold ~13 writes).
 pub(super) struct EngineGauges {
     counters: [(metrics::Gauge, fn(&Stats) -> u64); ENGINE_COUNTERS.len()],
     /// In `Reason::ALL`'s order, which `Reason::code` is.
