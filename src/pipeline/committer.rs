@@ -242,9 +242,6 @@ fn write_group<S: Store>(store: &mut S, group: &mut [ToWrite], sync: bool) -> Re
     }
 }
 
-/// A commit written: readable (and durable, when syncing) from here. Its
-/// statuses are published, its API writes answered, and its side effects
-/// handed to the node.
 /// The publisher's metrics, their handles looked up in the registry once.
 struct PublishMetrics {
     applied_ops: metrics::Histogram,
@@ -262,6 +259,9 @@ impl PublishMetrics {
     }
 }
 
+/// A commit written: readable (and durable, when syncing) from here. Its
+/// statuses are published, its API writes answered, and its side effects
+/// handed to the node.
 fn published(
     c: ToCommit,
     shared: &PipelineState,

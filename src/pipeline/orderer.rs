@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use metrics::{counter, gauge, histogram};
 
-use super::metrics::{count_verdict, flush_verdicts, publish_engine_memory, EngineGauges, Paced, WaitCounter};
+use super::metrics::{count_verdict, flush_verdicts, note_age, publish_engine_memory, EngineGauges, Paced, WaitCounter};
 use super::policy::{InFlight, OrderPolicy};
 use super::projector::{HeartbeatCheck, ToProject};
 use super::shards::Split;
@@ -74,7 +74,6 @@ pub(super) fn run(
     let engine_gauges = EngineGauges::new();
     let order_seconds = histogram!("dagfold_stage_seconds", "stage" => "order");
     let status_seconds = histogram!("dagfold_stage_seconds", "stage" => "status");
-    let order_age = histogram!("dagfold_batch_age_seconds", "at" => "order");
     let buffered_ops = gauge!("dagfold_buffered_ops");
     let buffered_bytes = gauge!("dagfold_buffered_bytes");
     let queues: Vec<(metrics::Gauge, &Receiver<Batch>)> =
@@ -133,7 +132,7 @@ pub(super) fn run(
                     }
                 }
                 Input::Batch(batch) => {
-                    order_age.record(batch.received.elapsed().as_secs_f64());
+                    note_age("order", batch.received);
                     gate.release(batch.bytes());
                     last_received = last_received.min(batch.received);
                     items_in_commit += batch.items.len();
