@@ -21,7 +21,7 @@ use dagfold::core::projector::shard_of;
 use dagfold::core::{authorize_at, decode_frame, Cf, Commit, Config, Decoded, Engine, Fold, Identity, Prepared, Projector, ScopeRecord, ScopeStatus, VerifiedOp, Write};
 use dagfold::durable::InlineDriver;
 use dagfold::protocol::crypto::{open_payload, sha256, sha256_tag_pair};
-use dagfold::protocol::sha_lanes::sha256_tag_pairs;
+use dagfold::protocol::sha_lanes::{sha256_tag_pairs_by, Lanes};
 use dagfold::protocol::*;
 use dagfold::store::rocks::RocksStore;
 use dagfold::store::Store;
@@ -164,12 +164,18 @@ fn stages(c: &mut Criterion) {
         b.iter(|| pairs.iter().map(|(a, b)| sha256_tag_pair(1, a, b)[0]).fold(0u8, |x, y| x ^ y))
     });
     let mut out = Vec::new();
-    g.bench_function("64 four at a time (sha_lanes)", |b| {
-        b.iter(|| {
-            sha256_tag_pairs(1, black_box(&pairs), &mut out);
-            out[63]
-        })
-    });
+    for lanes in Lanes::available().into_iter().filter(|&l| l != Lanes::Sha2) {
+        let name = match lanes {
+            Lanes::Ni => "64 four at a time (sha_lanes, SHA-NI)",
+            _ => "64 sixteen at a time (sha_lanes, AVX-512F)",
+        };
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                sha256_tag_pairs_by(lanes, 1, black_box(&pairs), &mut out);
+                out[63]
+            })
+        });
+    }
     g.finish();
 
     let mut g = c.benchmark_group("rocksdb");

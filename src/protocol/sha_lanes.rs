@@ -1,73 +1,181 @@
 //! Many independent `H(tag || a || b)` at once (the branch hashes of the
-//! sparse Merkle tree, SPEC §8), interleaved four ways on SHA-NI.
+//! sparse Merkle tree, SPEC §8): interleaved four ways on SHA-NI, or
+//! sixteen side by side in the lanes of AVX-512F.
 //!
 //! One SHA-256 compression on SHA-NI is a chain of 32 dependent
 //! `sha256rnds2`; an out-of-order core does not overlap two consecutive
 //! calls. Four independent messages interleaved round by round keep the
-//! unit busy: 52–62 ns per hash of 65 bytes (two blocks) against sha2's 88
-//! (`cargo bench --bench stages -- "tag pairs"`). A rehash of the tree has
-//! that independence: the dirty branches of one bit do not depend on each
-//! other.
+//! unit busy: on the AMD EPYC of this machine kind 52–62 ns per hash of 65
+//! bytes (two blocks) against sha2's 88 (`cargo bench --bench stages --
+//! "tag pairs"`). A rehash of the tree has that independence: the dirty
+//! branches of one bit do not depend on each other.
 //!
-//! Without SHA-NI (checked once per call, cached by std) every hash goes
-//! through `sha2::compress256`; the unit tests compare both paths with it.
+//! The Intel Xeon of the same machine kind runs SHA-NI at its throughput
+//! already: 111 ns a hash interleaved or not. There the rounds of sixteen
+//! hashes in the 32-bit lanes of AVX-512F (`x16`, word `t` of lane `i` the
+//! word `t` of hash `i`'s block, as `sha512_lanes` does for SHA-512) are
+//! faster. Which of the two is faster is measured once, on the first call
+//! (`Lanes::chosen`: each on the same 64 pairs, the best of five), not
+//! guessed from the CPU's name; every path gives the same bytes, and the
+//! unit tests compare each with sha2. `DAGFOLD_SHA256_LANES=sha2|ni|x16`
+//! names one instead (for measuring; ignored if the CPU lacks it).
+//!
+//! Without SHA-NI or AVX-512F (checked once, cached) every hash goes
+//! through `sha2::compress256`.
 
 use super::crypto::sha256_tag_pair;
 use super::Hash;
+use std::sync::OnceLock;
 
-fn has_sha_ni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("sha")
-            && std::arch::is_x86_feature_detected!("sse4.1")
-            && std::arch::is_x86_feature_detected!("ssse3")
+/// A way to hash many tag pairs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lanes {
+    /// One at a time through `sha2::compress256`.
+    Sha2,
+    /// Four at a time, interleaved, on SHA-NI.
+    Ni,
+    /// Sixteen at a time in the lanes of AVX-512F; a remainder of fewer
+    /// than `X16_MIN` through SHA-NI (or sha2 without it).
+    X16,
+}
+
+/// A remainder this short goes through SHA-NI, not a part-empty `x16`:
+/// sixteen lanes cost about what eight hashes cost on SHA-NI.
+const X16_MIN: usize = 8;
+
+impl Lanes {
+    /// The ways this CPU has, `Sha2` first.
+    pub fn available() -> Vec<Lanes> {
+        let mut v = vec![Lanes::Sha2];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("sha")
+                && std::arch::is_x86_feature_detected!("sse4.1")
+                && std::arch::is_x86_feature_detected!("ssse3")
+            {
+                v.push(Lanes::Ni);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                v.push(Lanes::X16);
+            }
+        }
+        v
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// The way `sha256_tag_pairs` takes, decided on its first call.
+    pub fn chosen() -> Lanes {
+        static CHOSEN: OnceLock<Lanes> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let have = Lanes::available();
+            let named = match std::env::var("DAGFOLD_SHA256_LANES").as_deref() {
+                Ok("sha2") => Some(Lanes::Sha2),
+                Ok("ni") => Some(Lanes::Ni),
+                Ok("x16") => Some(Lanes::X16),
+                _ => None,
+            };
+            match named {
+                Some(l) if have.contains(&l) => l,
+                _ => Lanes::fastest(&have),
+            }
+        })
+    }
+
+    /// The fastest of `have` over 64 pairs, each the best of five runs of
+    /// four (~0.3 ms in all). Only SHA-NI and `x16` are close enough to
+    /// measure; each is far ahead of sha2.
+    fn fastest(have: &[Lanes]) -> Lanes {
+        let ways: Vec<Lanes> = have.iter().copied().filter(|&l| l != Lanes::Sha2).collect();
+        if ways.len() < 2 {
+            return ways.first().copied().unwrap_or(Lanes::Sha2);
+        }
+        let pairs: Vec<(Hash, Hash)> = (0..64u8).map(|i| ([i; 32], [!i; 32])).collect();
+        let mut out = Vec::with_capacity(pairs.len());
+        let mut best = vec![std::time::Duration::MAX; ways.len()];
+        for _ in 0..5 {
+            for (b, &l) in best.iter_mut().zip(&ways) {
+                let t = std::time::Instant::now();
+                for _ in 0..4 {
+                    sha256_tag_pairs_by(l, 1, std::hint::black_box(&pairs), &mut out);
+                }
+                *b = (*b).min(t.elapsed());
+            }
+        }
+        let i = (0..ways.len()).min_by_key(|&i| best[i]).expect("two ways");
+        ways[i]
     }
 }
 
 /// `out[i] = H(tag || pairs[i].0 || pairs[i].1)`; `out` is cleared first.
 pub fn sha256_tag_pairs(tag: u8, pairs: &[(Hash, Hash)], out: &mut Vec<Hash>) {
+    sha256_tag_pairs_by(Lanes::chosen(), tag, pairs, out);
+}
+
+/// `sha256_tag_pairs` the way `lanes` says.
+///
+/// # Panics
+/// If this CPU lacks `lanes` (see `Lanes::available`).
+pub fn sha256_tag_pairs_by(lanes: Lanes, tag: u8, pairs: &[(Hash, Hash)], out: &mut Vec<Hash>) {
     out.clear();
     out.reserve(pairs.len());
+    let mut rest = pairs;
     #[cfg(target_arch = "x86_64")]
-    if has_sha_ni() {
-        let mut chunks = pairs.chunks_exact(4);
-        for c in &mut chunks {
-            // SAFETY: the CPU has SHA-NI, SSE4.1 and SSSE3 (checked above).
-            out.extend(unsafe { ni::tag_pairs::<4>(tag, c) });
+    {
+        assert!(lanes == Lanes::Sha2 || Lanes::available().contains(&lanes), "this CPU lacks {lanes:?}");
+        if lanes == Lanes::X16 {
+            let mut sixteens = rest.chunks_exact(16);
+            for c in &mut sixteens {
+                // SAFETY: the CPU has AVX-512F (asserted above).
+                out.extend(unsafe { x16::tag_pairs(tag, c) });
+            }
+            rest = sixteens.remainder();
+            if rest.len() >= X16_MIN {
+                // SAFETY: as above.
+                out.extend_from_slice(&unsafe { x16::tag_pairs(tag, rest) }[..rest.len()]);
+                return;
+            }
         }
-        let rest = chunks.remainder();
-        let mut twos = rest.chunks_exact(2);
-        for c in &mut twos {
-            out.extend(unsafe { ni::tag_pairs::<2>(tag, c) });
+        if lanes != Lanes::Sha2 && std::arch::is_x86_feature_detected!("sha") {
+            let mut fours = rest.chunks_exact(4);
+            for c in &mut fours {
+                // SAFETY: the CPU has SHA-NI, SSE4.1 and SSSE3 (`Ni` is
+                // available, or `X16` was asked and SHA-NI is there).
+                out.extend(unsafe { ni::tag_pairs::<4>(tag, c) });
+            }
+            let tail = fours.remainder();
+            let mut twos = tail.chunks_exact(2);
+            for c in &mut twos {
+                out.extend(unsafe { ni::tag_pairs::<2>(tag, c) });
+            }
+            for c in twos.remainder().chunks_exact(1) {
+                out.extend(unsafe { ni::tag_pairs::<1>(tag, c) });
+            }
+            return;
         }
-        for c in twos.remainder().chunks_exact(1) {
-            out.extend(unsafe { ni::tag_pairs::<1>(tag, c) });
-        }
-        return;
     }
-    out.extend(pairs.iter().map(|(a, b)| sha256_tag_pair(tag, a, b)));
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = lanes;
+    out.extend(rest.iter().map(|(a, b)| sha256_tag_pair(tag, a, b)));
 }
+
+/// FIPS 180-4's 64 round constants.
+#[cfg(target_arch = "x86_64")]
+const K: [u32; 64] = [
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+];
 
 #[cfg(target_arch = "x86_64")]
 mod ni {
+    use super::K;
     use crate::protocol::crypto::{state_bytes, tag_pair_blocks as blocks, SHA256_IV as IV};
     use crate::protocol::Hash;
     use core::arch::x86_64::*;
-
-    const K: [u32; 64] = [
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-    ];
 
     /// N hashes of `tag || a || b`, their rounds interleaved.
     #[target_feature(enable = "sha,sse4.1,ssse3")]
@@ -126,6 +234,105 @@ mod ni {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod x16 {
+    use super::K;
+    use crate::protocol::crypto::SHA256_IV as IV;
+    use crate::protocol::Hash;
+    use core::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn xor3(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
+        _mm512_ternarylogic_epi32::<0x96>(a, b, c)
+    }
+
+    #[inline(always)]
+    unsafe fn add(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_add_epi32(a, b)
+    }
+
+    /// `H(tag || a || b)` of each of up to sixteen pairs, one a lane; the
+    /// lanes past `pairs.len()` hash copies of its first pair.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tag_pairs(tag: u8, pairs: &[(Hash, Hash)]) -> [Hash; 16] {
+        debug_assert!(!pairs.is_empty() && pairs.len() <= 16);
+        // The first block's words (big endian), word t of lane i in
+        // words[t][i]: `tag || a || b[..31]`. The second block is `b[31]`,
+        // the `0x80` marker and the length (520 bits): only its word 0
+        // differs between lanes.
+        let mut words = [[0u32; 16]; 16];
+        let mut last = [0u32; 16];
+        for i in 0..16 {
+            let (a, b) = pairs.get(i).unwrap_or(&pairs[0]);
+            let mut m = [0u8; 64];
+            m[0] = tag;
+            m[1..33].copy_from_slice(a);
+            m[33..64].copy_from_slice(&b[..31]);
+            for (t, w) in words.iter_mut().enumerate() {
+                w[i] = u32::from_be_bytes([m[4 * t], m[4 * t + 1], m[4 * t + 2], m[4 * t + 3]]);
+            }
+            last[i] = (b[31] as u32) << 24 | 0x0080_0000;
+        }
+        let mut st = IV.map(|v| _mm512_set1_epi32(v as i32));
+        let mut w: [__m512i; 16] = core::array::from_fn(|t| _mm512_loadu_si512(words[t].as_ptr().cast()));
+        compress(&mut st, &mut w);
+        let mut w = [_mm512_setzero_si512(); 16];
+        w[0] = _mm512_loadu_si512(last.as_ptr().cast());
+        w[15] = _mm512_set1_epi32(65 * 8);
+        compress(&mut st, &mut w);
+        let mut lanes = [[0u32; 16]; 8];
+        for (l, s) in lanes.iter_mut().zip(st) {
+            _mm512_storeu_si512(l.as_mut_ptr().cast(), s);
+        }
+        core::array::from_fn(|i| {
+            let mut h = [0u8; 32];
+            for (o, l) in h.chunks_exact_mut(4).zip(&lanes) {
+                o.copy_from_slice(&l[i].to_be_bytes());
+            }
+            h
+        })
+    }
+
+    /// One block, its words in `w` (consumed as the schedule's ring), into
+    /// each lane's state.
+    #[inline(always)]
+    unsafe fn compress(st: &mut [__m512i; 8], w: &mut [__m512i; 16]) {
+        let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut h] = *st;
+        for (t, k) in K.iter().enumerate() {
+            let wt = if t < 16 {
+                w[t]
+            } else {
+                let w15 = w[(t - 15) & 15];
+                let w2 = w[(t - 2) & 15];
+                let s0 = xor3(_mm512_ror_epi32::<7>(w15), _mm512_ror_epi32::<18>(w15), _mm512_srli_epi32::<3>(w15));
+                let s1 = xor3(_mm512_ror_epi32::<17>(w2), _mm512_ror_epi32::<19>(w2), _mm512_srli_epi32::<10>(w2));
+                let v = add(add(w[t & 15], s0), add(w[(t - 7) & 15], s1));
+                w[t & 15] = v;
+                v
+            };
+            let big_s1 = xor3(_mm512_ror_epi32::<6>(e), _mm512_ror_epi32::<11>(e), _mm512_ror_epi32::<25>(e));
+            // Ch(e, f, g) = e ? f : g.
+            let ch = _mm512_ternarylogic_epi32::<0xCA>(e, f, g);
+            let t1 = add(add(h, big_s1), add(add(ch, _mm512_set1_epi32(*k as i32)), wt));
+            let big_s0 = xor3(_mm512_ror_epi32::<2>(a), _mm512_ror_epi32::<13>(a), _mm512_ror_epi32::<22>(a));
+            // Maj(a, b, c): two of three.
+            let maj = _mm512_ternarylogic_epi32::<0xE8>(a, b, c);
+            let t2 = add(big_s0, maj);
+            h = g;
+            g = f;
+            f = e;
+            e = add(d, t1);
+            d = c;
+            c = b;
+            b = a;
+            a = add(t1, t2);
+        }
+        for (s, v) in st.iter_mut().zip([a, b, c, d, e, f, g, h]) {
+            *s = add(*s, v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,15 +343,18 @@ mod tests {
     }
 
     #[test]
-    fn every_count_and_tag_equals_the_plain_hash() {
+    fn every_way_count_and_tag_equals_the_plain_hash() {
         let mut out = Vec::new();
-        for n in 0..=13 {
-            for tag in [0u8, 1, 0xFF] {
-                let pairs = inputs(n);
-                sha256_tag_pairs(tag, &pairs, &mut out);
-                assert_eq!(out.len(), n);
-                for ((a, b), h) in pairs.iter().zip(&out) {
-                    assert_eq!(*h, sha256(&[&[tag][..], a, b].concat()), "n {n} tag {tag}");
+        // Up to 40: whole sixteens, and remainders above and below X16_MIN.
+        for lanes in Lanes::available() {
+            for n in 0..=40 {
+                for tag in [0u8, 1, 0xFF] {
+                    let pairs = inputs(n);
+                    sha256_tag_pairs_by(lanes, tag, &pairs, &mut out);
+                    assert_eq!(out.len(), n);
+                    for ((a, b), h) in pairs.iter().zip(&out) {
+                        assert_eq!(*h, sha256(&[&[tag][..], a, b].concat()), "{lanes:?} n {n} tag {tag}");
+                    }
                 }
             }
         }
@@ -153,11 +363,25 @@ mod tests {
     #[test]
     fn extreme_words_equal_the_plain_hash() {
         // All-ones and all-zero inputs exercise the carries of every add.
-        let pairs = vec![([0xFF; 32], [0xFF; 32]), ([0; 32], [0; 32]), ([0xFF; 32], [0; 32]), ([0; 32], [0xFF; 32])];
+        let four = [([0xFF; 32], [0xFF; 32]), ([0; 32], [0; 32]), ([0xFF; 32], [0; 32]), ([0; 32], [0xFF; 32])];
+        let pairs: Vec<(Hash, Hash)> = four.iter().cycle().take(16).copied().collect();
         let mut out = Vec::new();
-        sha256_tag_pairs(0xFF, &pairs, &mut out);
-        for ((a, b), h) in pairs.iter().zip(&out) {
-            assert_eq!(*h, sha256(&[&[0xFF][..], a, b].concat()));
+        for lanes in Lanes::available() {
+            sha256_tag_pairs_by(lanes, 0xFF, &pairs, &mut out);
+            for ((a, b), h) in pairs.iter().zip(&out) {
+                assert_eq!(*h, sha256(&[&[0xFF][..], a, b].concat()), "{lanes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_chosen_way_is_one_this_cpu_has() {
+        let chosen = Lanes::chosen();
+        assert!(Lanes::available().contains(&chosen));
+        assert_eq!(Lanes::chosen(), chosen, "decided once");
+        #[cfg(target_arch = "x86_64")]
+        if std::env::var_os("DAGFOLD_SHA256_LANES").is_none() && Lanes::available().len() > 1 {
+            assert_ne!(chosen, Lanes::Sha2, "a CPU with SHA-NI or AVX-512F hashes in lanes");
         }
     }
 }
