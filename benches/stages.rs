@@ -164,7 +164,7 @@ fn stages(c: &mut Criterion) {
         b.iter(|| pairs.iter().map(|(a, b)| sha256_tag_pair(1, a, b)[0]).fold(0u8, |x, y| x ^ y))
     });
     let mut out = Vec::new();
-    for lanes in Lanes::available().into_iter().filter(|&l| l != Lanes::Sha2) {
+    for lanes in Lanes::available().iter().copied().filter(|&l| l != Lanes::Sha2) {
         let name = match lanes {
             Lanes::Ni => "64 four at a time (sha_lanes, SHA-NI)",
             _ => "64 sixteen at a time (sha_lanes, AVX-512F)",

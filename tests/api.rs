@@ -147,6 +147,13 @@ fn public_routes_the_token_and_errors() {
     let (status, metrics) = call(&n, "GET", "/metrics", None);
     assert_eq!(status, 200);
     assert!(metrics.as_str().is_some_and(|t| t.contains("# TYPE")), "Prometheus text: {metrics}");
+    // The tree's hashing way, one this CPU has (the node measures its own).
+    let ways: Vec<String> = dagfold::protocol::sha_lanes::Lanes::available()
+        .iter()
+        .map(|l| format!("dagfold_sha256_lanes{{way=\"{}\"}} 1", l.name()))
+        .collect();
+    let shown: Vec<&str> = metrics.as_str().unwrap_or("").lines().filter(|l| l.starts_with("dagfold_sha256_lanes")).collect();
+    assert!(shown.len() == 1 && ways.iter().any(|w| w == shown[0]), "one hashing way of {ways:?}: {shown:?}");
 
     let w = scope_for(&n, 61);
     deliver(&n, &w.scope, &frames_of(&w), governance_ops(&w));

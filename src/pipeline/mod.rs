@@ -563,6 +563,10 @@ impl Pipeline {
                 }
             }
         }
+        // The way the trees' branches are hashed, measured now rather than
+        // in the first commit's fold (`protocol::sha_lanes`), and shown.
+        let lanes = crate::protocol::sha_lanes::Lanes::chosen();
+        ::metrics::gauge!("dagfold_sha256_lanes", "way" => lanes.name()).set(1.0);
         // From here the engine leaves its folds to the projector shards,
         // each scope's state moved to its shard.
         let projectors = engine.take_projector().split(cfg.projector_shards);

@@ -18,7 +18,8 @@
 //! (`Lanes::chosen`: each on the same 64 pairs, the best of five), not
 //! guessed from the CPU's name; every path gives the same bytes, and the
 //! unit tests compare each with sha2. `DAGFOLD_SHA256_LANES=sha2|ni|x16`
-//! names one instead (for measuring; ignored if the CPU lacks it).
+//! names one instead (for measuring; ignored if the CPU lacks it). The
+//! node shows the one it took as `dagfold_sha256_lanes{way}` on `/metrics`.
 //!
 //! Without SHA-NI or AVX-512F (checked once, cached) every hash goes
 //! through `sha2::compress256`.
@@ -26,6 +27,19 @@
 use super::crypto::sha256_tag_pair;
 use super::Hash;
 use std::sync::OnceLock;
+
+fn has_ni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("sha")
+            && std::arch::is_x86_feature_detected!("sse4.1")
+            && std::arch::is_x86_feature_detected!("ssse3")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// A way to hash many tag pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,22 +58,30 @@ pub enum Lanes {
 const X16_MIN: usize = 8;
 
 impl Lanes {
-    /// The ways this CPU has, `Sha2` first.
-    pub fn available() -> Vec<Lanes> {
-        let mut v = vec![Lanes::Sha2];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("sha")
-                && std::arch::is_x86_feature_detected!("sse4.1")
-                && std::arch::is_x86_feature_detected!("ssse3")
-            {
+    /// The ways this CPU has, `Sha2` first (detected once).
+    pub fn available() -> &'static [Lanes] {
+        static HAVE: OnceLock<Vec<Lanes>> = OnceLock::new();
+        HAVE.get_or_init(|| {
+            let mut v = vec![Lanes::Sha2];
+            if has_ni() {
                 v.push(Lanes::Ni);
             }
+            #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx512f") {
                 v.push(Lanes::X16);
             }
+            v
+        })
+    }
+
+    /// Its name in `DAGFOLD_SHA256_LANES` and the `dagfold_sha256_lanes`
+    /// gauge's `way` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lanes::Sha2 => "sha2",
+            Lanes::Ni => "ni",
+            Lanes::X16 => "x16",
         }
-        v
     }
 
     /// The way `sha256_tag_pairs` takes, decided on its first call.
@@ -67,15 +89,11 @@ impl Lanes {
         static CHOSEN: OnceLock<Lanes> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
             let have = Lanes::available();
-            let named = match std::env::var("DAGFOLD_SHA256_LANES").as_deref() {
-                Ok("sha2") => Some(Lanes::Sha2),
-                Ok("ni") => Some(Lanes::Ni),
-                Ok("x16") => Some(Lanes::X16),
-                _ => None,
-            };
+            let asked = std::env::var("DAGFOLD_SHA256_LANES").ok();
+            let named = [Lanes::Sha2, Lanes::Ni, Lanes::X16].into_iter().find(|l| asked.as_deref() == Some(l.name()));
             match named {
                 Some(l) if have.contains(&l) => l,
-                _ => Lanes::fastest(&have),
+                _ => Lanes::fastest(have),
             }
         })
     }
@@ -134,11 +152,10 @@ pub fn sha256_tag_pairs_by(lanes: Lanes, tag: u8, pairs: &[(Hash, Hash)], out: &
                 return;
             }
         }
-        if lanes != Lanes::Sha2 && std::arch::is_x86_feature_detected!("sha") {
+        if lanes != Lanes::Sha2 && has_ni() {
             let mut fours = rest.chunks_exact(4);
             for c in &mut fours {
-                // SAFETY: the CPU has SHA-NI, SSE4.1 and SSSE3 (`Ni` is
-                // available, or `X16` was asked and SHA-NI is there).
+                // SAFETY: the CPU has SHA-NI, SSE4.1 and SSSE3 (checked).
                 out.extend(unsafe { ni::tag_pairs::<4>(tag, c) });
             }
             let tail = fours.remainder();
@@ -346,7 +363,7 @@ mod tests {
     fn every_way_count_and_tag_equals_the_plain_hash() {
         let mut out = Vec::new();
         // Up to 40: whole sixteens, and remainders above and below X16_MIN.
-        for lanes in Lanes::available() {
+        for &lanes in Lanes::available() {
             for n in 0..=40 {
                 for tag in [0u8, 1, 0xFF] {
                     let pairs = inputs(n);
@@ -366,7 +383,7 @@ mod tests {
         let four = [([0xFF; 32], [0xFF; 32]), ([0; 32], [0; 32]), ([0xFF; 32], [0; 32]), ([0; 32], [0xFF; 32])];
         let pairs: Vec<(Hash, Hash)> = four.iter().cycle().take(16).copied().collect();
         let mut out = Vec::new();
-        for lanes in Lanes::available() {
+        for &lanes in Lanes::available() {
             sha256_tag_pairs_by(lanes, 0xFF, &pairs, &mut out);
             for ((a, b), h) in pairs.iter().zip(&out) {
                 assert_eq!(*h, sha256(&[&[0xFF][..], a, b].concat()), "{lanes:?}");
