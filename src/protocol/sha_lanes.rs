@@ -55,6 +55,7 @@ pub enum Lanes {
 
 /// A remainder this short goes through SHA-NI, not a part-empty `x16`:
 /// sixteen lanes cost about what eight hashes cost on SHA-NI.
+#[cfg(target_arch = "x86_64")]
 const X16_MIN: usize = 8;
 
 impl Lanes {
