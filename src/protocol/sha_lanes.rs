@@ -10,16 +10,17 @@
 //! "tag pairs"`). A rehash of the tree has that independence: the dirty
 //! branches of one bit do not depend on each other.
 //!
-//! The Intel Xeon of the same machine kind runs SHA-NI at its throughput
-//! already: 111 ns a hash interleaved or not. There the rounds of sixteen
-//! hashes in the 32-bit lanes of AVX-512F (`x16`, word `t` of lane `i` the
-//! word `t` of hash `i`'s block, as `sha512_lanes` does for SHA-512) are
-//! faster. Which of the two is faster is measured once, on the first call
-//! (`Lanes::chosen`: each on the same 64 pairs, the best of five), not
-//! guessed from the CPU's name; every path gives the same bytes, and the
-//! unit tests compare each with sha2. `DAGFOLD_SHA256_LANES=sha2|ni|x16`
-//! names one instead (for measuring; ignored if the CPU lacks it). The
-//! node shows the one it took as `dagfold_sha256_lanes{way}` on `/metrics`.
+//! The Intel Xeon of the same machine kind runs SHA-NI near its
+//! throughput already: 98 ns a hash interleaved, 112–116 alone. There the
+//! rounds of sixteen hashes in the 32-bit lanes of AVX-512F (`x16`, word
+//! `t` of lane `i` the word `t` of hash `i`'s block, as `sha512_lanes`
+//! does for SHA-512) are faster: 46 ns a hash. Which of the two is faster
+//! is measured once, on the first call (`Lanes::chosen`: each on the same
+//! 64 pairs, the best of five), not guessed from the CPU's name; every
+//! path gives the same bytes, and the unit tests compare each with sha2.
+//! `DAGFOLD_SHA256_LANES=sha2|ni|x16` names one instead (for measuring;
+//! ignored if the CPU lacks it). The node shows the one it took as
+//! `dagfold_sha256_lanes{way}` on `/metrics`.
 //!
 //! Without SHA-NI or AVX-512F (checked once, cached) every hash goes
 //! through `sha2::compress256`.
