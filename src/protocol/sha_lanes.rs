@@ -23,8 +23,8 @@
 //! ignored if the CPU lacks it). The node shows the one it took as
 //! `dagfold_sha256_lanes{way}` on `/metrics`.
 //!
-//! Without SHA-NI or AVX-512F (checked once, cached) every hash goes
-//! through `sha2::compress256`.
+//! Without SHA-NI or AVX-512 (F, BW and VBMI; checked once, cached) every
+//! hash goes through `sha2::compress256`.
 
 use super::crypto::sha256_tag_pair;
 use super::Hash;
@@ -145,7 +145,8 @@ pub fn sha256_tag_pairs_by(lanes: Lanes, tag: u8, pairs: &[(Hash, Hash)], out: &
     let mut rest = pairs;
     #[cfg(target_arch = "x86_64")]
     {
-        assert!(lanes == Lanes::Sha2 || Lanes::available().contains(&lanes), "this CPU lacks {lanes:?}");
+        let have = Lanes::available();
+        assert!(lanes == Lanes::Sha2 || have.contains(&lanes), "this CPU lacks {lanes:?}");
         if lanes == Lanes::X16 {
             let mut sixteens = rest.chunks_exact(16);
             for c in &mut sixteens {
@@ -159,10 +160,10 @@ pub fn sha256_tag_pairs_by(lanes: Lanes, tag: u8, pairs: &[(Hash, Hash)], out: &
                 return;
             }
         }
-        if lanes != Lanes::Sha2 && has_ni() {
+        if lanes != Lanes::Sha2 && have.contains(&Lanes::Ni) {
             let mut fours = rest.chunks_exact(4);
             for c in &mut fours {
-                // SAFETY: the CPU has SHA-NI, SSE4.1 and SSSE3 (checked).
+                // SAFETY: the CPU has SHA-NI, SSE4.1 and SSSE3 (`Ni` is available).
                 out.extend(unsafe { ni::tag_pairs::<4>(tag, c) });
             }
             let tail = fours.remainder();
