@@ -96,7 +96,7 @@ pub(super) fn run(
 /// (the memory gauges are taken idle too, and the thread's freed memory
 /// collected once per idle spell), `None` once it is closed.
 fn next_part<T>(rx: &Receiver<T>, spell: &mut Spell) -> Option<Option<T>> {
-    match rx.recv_timeout(MEMORY_EVERY) {
+    match crate::idle::recv_parked(rx, MEMORY_EVERY) {
         Ok(m) => {
             spell.worked();
             Some(Some(m))

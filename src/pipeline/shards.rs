@@ -150,7 +150,7 @@ impl Join {
             return Some((commit, statuses, conns, received));
         }
         for rx in &self.shards[1..] {
-            let (part, part_statuses, _, _) = rx.recv().ok()?;
+            let (part, part_statuses, _, _) = crate::idle::next(rx, &mut self.spell)?;
             assert_eq!(part.number, commit.number, "the parts of one commit");
             commit.writes.extend(part.writes);
             statuses.extend(part_statuses);
