@@ -305,6 +305,33 @@ fn a_damaged_wal_record_stops_the_open_with_what_to_do() {
     assert_eq!(files(), before, "the store is left as it was");
 }
 
+/// A damaged block of the ops table met by a read of an applied op (the
+/// engine's cold index, as the restore reads an op back) rather than at
+/// open: the error says the store is corrupt and what to do, as at open.
+/// (Met at open or in the restore's scan, `a_damaged_table_file_stops_
+/// the_open_with_what_to_do` checks it whole; which one a damaged byte
+/// meets depends on the block it falls in.)
+#[test]
+fn a_damaged_block_met_by_a_read_of_an_op_says_what_to_do() {
+    let dir = store_with_ops(2_000, true);
+    let mut ids = Vec::new();
+    {
+        let store = RocksStore::open(dir.path()).unwrap();
+        store.cold_reader().unwrap().scan(&mut |id, _| ids.push(*id)).unwrap();
+    }
+    assert!(ids.len() > 2_000, "{} ops stored", ids.len());
+    // The ops table's file is the largest (each op's bytes); a byte in its
+    // data blocks, which open does not read.
+    damage_largest(dir.path(), "sst", 1.0 / 3.0);
+    let store = RocksStore::open(dir.path()).expect("a data block is not read at open");
+    let cold = store.cold_reader().unwrap();
+    let failed: Vec<String> = ids.iter().filter_map(|id| cold.get(id).err()).map(|e| e.to_string()).collect();
+    assert!(!failed.is_empty(), "some op's block was damaged");
+    for e in &failed {
+        assert!(e.contains("is corrupt; dagfold stopped and left its data as it is") && e.contains("--peer KEY@ADDR"), "{e}");
+    }
+}
+
 /// A damaged block in the middle of a table file stops the open, before
 /// the engine reads the table.
 #[test]

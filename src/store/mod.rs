@@ -56,9 +56,10 @@ pub enum StoreError {
     )]
     FormatUnknown { path: String, what: String },
     /// RocksDB found the files damaged (a WAL record or a table block
-    /// failing its checksum), at open or in the node's first read of the
-    /// ops table while it serves. No data was changed: going on could roll
-    /// back commits the node had acknowledged.
+    /// failing its checksum), at open, in the restore's reads of applied
+    /// ops, or in the node's first read of the ops table while it serves.
+    /// No data was changed: going on could roll back commits the node had
+    /// acknowledged.
     #[error(
         "the store at {path} is corrupt; dagfold stopped and left its data as it is: {detail}. \
          To resync from a peer: move the directory aside (mv {path} {path}.corrupt) and start the node again with \

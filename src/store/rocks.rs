@@ -490,8 +490,10 @@ impl Store for RocksStore {
 impl crate::core::ColdOps for StoreReader {
     fn get(&self, id: &crate::protocol::Hash) -> Result<Option<Vec<u8>>, crate::core::ColdReadFailed> {
         // A read error is a failing disk, and stops the engine: never taken
-        // for "not found" (`core::cold`).
-        StoreReader::get(self, Cf::Ops, id).map_err(|e| crate::core::ColdReadFailed(e.to_string()))
+        // for "not found" (`core::cold`). A damaged block (met here when
+        // the restore reads an op back, not at open): `StoreError::
+        // Corrupt`'s message, with what to do.
+        self.db.get_cf(handle(&self.db, Cf::Ops), id).map_err(|e| crate::core::ColdReadFailed(corrupt_or(&self.path, e).to_string()))
     }
 
     fn scan(&self, f: &mut dyn FnMut(&crate::protocol::Hash, &[u8])) -> Result<(), crate::core::ColdReadFailed> {
